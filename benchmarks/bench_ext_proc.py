@@ -1,0 +1,229 @@
+"""ext_proc throughput: messages per second per core of the EPP's servicer (target ≥ 4,000).
+
+The servicer runs in a separate process so the driver's CPU is not counted; the figure is messages
+answered divided by the server process's CPU time (utime + stime from /proc/<pid>/stat). The driver
+is a grpc.aio client replaying pre-serialised ProcessingRequest bytes shaped like Envoy 1.40's: request
+headers (10 headers, values in raw_value), a ~200 B JSON completion request (BUFFERED body) and
+response headers, three messages per HTTP request, many streams in flight. Half the requests name a
+model whose target differs, so the body-rewrite path is exercised too. Prints, never asserts.
+
+    .venv/bin/python benchmarks/bench_ext_proc.py [--seconds 10] [--concurrency 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from prometheus_client import CollectorRegistry
+
+from epp.api.types import Criticality, InferenceModel, InferencePool, NamespacedName, PodObject, TargetModel
+from epp.config import SchedulerConfig
+from epp.datastore import Datastore, Metrics, new_datastore
+from epp.handlers import ExtProcServicer
+from epp.metrics import RequestMetrics
+from epp.scheduling import Scheduler
+
+METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+PODS = 10
+MESSAGES_PER_REQUEST = 3
+
+
+# --- the server process ------------------------------------------------------------------------
+def _seeded_store(clock: float) -> Datastore:
+    """10 pods with fresh metrics; `llama-3-8b` passes through, `sql-lora` is rewritten to a target."""
+    store = new_datastore()
+    store.pool_set(InferencePool(NamespacedName("default", "pool"), {"app": "vllm"}, 8000))
+    store.model_set_if_older(InferenceModel(NamespacedName("default", "m1"), "llama-3-8b", "pool"))
+    store.model_set_if_older(
+        InferenceModel(
+            NamespacedName("default", "m3"),
+            "sql-lora",
+            "pool",
+            criticality=Criticality.CRITICAL,
+            target_models=(TargetModel("sql-lora-v1", 50), TargetModel("sql-lora-v2", 50)),
+        )
+    )
+    rng = random.Random(1)
+    for i in range(PODS):
+        key = NamespacedName("default", f"vllm-{i}")
+        store.pod_update_or_add(PodObject(key, {"app": "vllm"}, f"10.0.0.{i + 1}", ready=True))
+        store.pod_update_metrics_if_exist(
+            key,
+            Metrics(
+                waiting_queue_size=rng.randrange(4),
+                running_queue_size=rng.randrange(8),
+                kv_cache_usage=rng.random() * 0.6,
+                active_models=frozenset({"sql-lora-v1"} if i % 2 else set()),
+                max_active_models=4,
+                updated_at=clock,
+            ),
+        )
+    return store
+
+
+async def serve() -> None:
+    # Fresh metrics forever: the clock the scheduler sees stands still at the scrape time.
+    frozen = time.monotonic()
+    store = _seeded_store(frozen)
+    clock = lambda: frozen  # noqa: E731
+    rng = random.Random(2)
+    servicer = ExtProcServicer(
+        store,
+        Scheduler(SchedulerConfig(), rng, clock),
+        RequestMetrics(CollectorRegistry()),
+        destination_header_key="x-gateway-destination-endpoint",
+        metadata_namespace="envoy.lb",
+        rng=rng,
+        clock=clock,
+    )
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    servicer.add_to_server(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(None)
+
+
+# --- the driver --------------------------------------------------------------------------------
+def _headers(pairs: dict[str, str], response: bool = False) -> bytes:
+    hmap = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+    )
+    msg = pb.HttpHeaders(headers=hmap, end_of_stream=False)
+    req = (
+        pb.ProcessingRequest(response_headers=msg) if response else pb.ProcessingRequest(request_headers=msg)
+    )
+    return bytes(req.SerializeToString())
+
+
+def captured_requests() -> list[list[bytes]]:
+    """Two request shapes (passthrough and rewrite), each as the 3 messages Envoy sends."""
+    request_headers = _headers(
+        {
+            ":authority": "gateway.example.com:8081",
+            ":path": "/v1/completions",
+            ":method": "POST",
+            ":scheme": "http",
+            "content-type": "application/json",
+            "content-length": "212",
+            "user-agent": "python-requests/2.32.3",
+            "accept": "*/*",
+            "x-forwarded-proto": "http",
+            "x-request-id": "3f0c5b5e-5a7d-4e6e-9d8b-0a8a4c1b2f77",
+        }
+    )
+    response_headers = _headers(
+        {":status": "200", "content-type": "application/json", "date": "Sun, 29 Nov 2026 12:00:00 GMT"},
+        response=True,
+    )
+    shapes = []
+    for model in ("llama-3-8b", "sql-lora"):
+        body = json.dumps(
+            {
+                "model": model,
+                "prompt": "Write a short SQL query that lists the ten most recent orders with their totals.",
+                "max_tokens": 128,
+                "temperature": 0.2,
+                "stream": False,
+            }
+        ).encode()
+        req = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+        shapes.append([request_headers, bytes(req.SerializeToString()), response_headers])
+    return shapes
+
+
+async def drive(port: int, seconds: float, concurrency: int, pid: int) -> None:
+    shapes = captured_requests()
+    counts = {"messages": 0, "errors": 0, "rejected": 0}
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    method = channel.stream_stream(METHOD)
+    deadline = 0.0
+
+    async def one_request(messages: list[bytes]) -> None:
+        call = method()
+        for message in messages:
+            await call.write(message)
+            reply = await call.read()
+            if reply is grpc.aio.EOF:
+                counts["errors"] += 1
+                return
+            counts["messages"] += 1
+            if message is messages[1] and pb.ProcessingResponse.FromString(reply).HasField(
+                "immediate_response"
+            ):
+                counts["rejected"] += 1  # the benchmark must measure routing, not rejections
+        await call.done_writing()
+        if await call.code() != grpc.StatusCode.OK:
+            counts["errors"] += 1
+
+    async def worker(i: int) -> None:
+        n = i
+        while time.monotonic() < deadline:
+            await one_request(shapes[n % len(shapes)])
+            n += 1
+
+    # Warm up (imports, first-stream costs, allocator), then measure.
+    deadline = time.monotonic() + 1.0
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    counts.update(messages=0, errors=0, rejected=0)
+    cpu_before, wall_before = server_cpu_seconds(pid), time.monotonic()
+    deadline = wall_before + seconds
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    cpu, wall = server_cpu_seconds(pid) - cpu_before, time.monotonic() - wall_before
+    await channel.close()
+    msgs = counts["messages"]
+    print(f"streams in flight      {concurrency}")
+    rate = msgs / wall
+    print(f"messages answered      {msgs} in {wall:.1f} s wall ({rate:,.0f} msg/s, {rate / 3:,.0f} req/s)")
+    print(f"server CPU             {cpu:.2f} s ({cpu / wall:.0%} of one core)")
+    print(f"server cost            {cpu / msgs * 1e6:.0f} µs CPU per message")
+    print(f"THROUGHPUT             {msgs / cpu:,.0f} messages/s per core (target ≥ 4,000)")
+    if counts["errors"] or counts["rejected"]:
+        print(f"errors / rejected      {counts['errors']} / {counts['rejected']}")
+
+
+def server_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of stat(5)
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("mode", nargs="?", default="drive", choices=["drive", "serve"])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    if args.mode == "serve":
+        asyncio.run(serve())
+        return
+    server = subprocess.Popen([sys.executable, __file__, "serve"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        asyncio.run(drive(port, args.seconds, args.concurrency, server.pid))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

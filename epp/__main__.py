@@ -1,0 +1,62 @@
+"""`epp` / `python -m epp`: parse flags, run the endpoint picker until SIGTERM or SIGINT.
+
+Exit codes: 0 after a signal-initiated shutdown, 1 if a component failed (or could not start),
+2 for a bad command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+from prometheus_client import CollectorRegistry
+
+from epp.config import ServerConfig
+from epp.k8s import KubeClient, KubeError, load_config
+from epp.server.flags import FlagError, parse_flags
+from epp.server.runner import Epp
+from epp.server.supervisor import TaskFailed
+
+log = logging.getLogger("epp")
+
+
+async def serve(config: ServerConfig, environ: Mapping[str, str]) -> int:
+    kube_config = load_config(config.kubeconfig, environ)
+    loop = asyncio.get_running_loop()
+    async with KubeClient(kube_config) as client:
+        epp = Epp(config, registry=CollectorRegistry(), kube_client=client)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, epp.request_stop)
+        try:
+            async with epp:
+                await epp.wait()
+                log.info("shutting down")
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        flags = parse_flags(sys.argv[1:] if argv is None else argv, os.environ)
+    except FlagError as exc:
+        print(f"epp: {exc} (see --help)", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=flags.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    log.info("flags: %s (verbosity %d)", flags.config, flags.verbosity)
+    try:
+        return asyncio.run(serve(flags.config, os.environ))
+    except (TaskFailed, KubeError, OSError) as exc:
+        log.error("endpoint picker failed: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Talking to the model servers behind the pool (today: probing their /metrics pages)."""

@@ -1,0 +1,152 @@
+"""One scrape loop per pod, started when the pod enters the datastore and cancelled when it leaves.
+
+Why one task per pod (upstream #99/#223/#460): with one shared round, a single hanging pod held
+every other pod's metrics back for the full 5 s timeout. Here each pod has its own loop and its own
+per-request timeout, so a slow pod only makes its own metrics stale.
+
+Each pass re-reads the pod and the pool from the store: the address may have changed, and the port
+comes from the pool on every scrape (upstream #417 froze it at add time). The result is written
+with `pod_update_metrics_if_exist`, so a scrape that lands after the pod was deleted never brings it
+back. Scrape, then sleep: the first scrape is immediate, as in v0.2/v0.3.
+
+`PodRefreshers` owns every task it starts (STYLE habit 6): `pod_removed` cancels one (twice is
+harmless), `aclose()` cancels and awaits all of them; nothing else creates these tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from epp.api.types import NamespacedName
+from epp.backend.metrics.fetch import ScrapeError
+from epp.backend.metrics.parse import compile_metric_names, parse_page
+from epp.config import ProberConfig
+from epp.datastore import Datastore
+
+logger = logging.getLogger(__name__)
+
+
+class Fetcher(Protocol):
+    """What the refresher needs from the HTTP layer; tests pass fakes."""
+
+    async def fetch(self, address: str, port: int) -> str: ...
+
+
+class PodRefreshers:
+    """The `PodLifecycleListener` that keeps every stored pod's metrics current."""
+
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        config: ProberConfig,
+        loop: asyncio.AbstractEventLoop,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetcher = fetcher
+        self._interval = config.refresh_interval
+        # Parsed once here, so a bad metric flag fails at construction, not in every scrape.
+        self._plan = compile_metric_names(config.metric_names)
+        self._loop = loop
+        self._clock = clock
+        # Touched only on the loop thread (calls from other threads are forwarded to it).
+        self._tasks: dict[NamespacedName, asyncio.Task[None]] = {}
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls, fetcher: Fetcher, config: ProberConfig, clock: Callable[[], float] = time.monotonic
+    ) -> PodRefreshers:
+        """Construct bound to the running loop."""
+        return cls(fetcher, config, asyncio.get_running_loop(), clock)
+
+    # --- PodLifecycleListener --------------------------------------------------------------------
+    # Reconcilers call these on the loop thread; a call from any other thread is forwarded to the
+    # loop, so the task table is only ever touched there.
+    def pod_added(self, key: NamespacedName, store: Datastore) -> None:
+        if self._on_loop():
+            self._start(key, store)
+        else:
+            self._loop.call_soon_threadsafe(self._start, key, store)
+
+    def pod_removed(self, key: NamespacedName) -> None:
+        if self._on_loop():
+            self._stop(key)
+        else:
+            self._loop.call_soon_threadsafe(self._stop, key)
+
+    # --- ownership -------------------------------------------------------------------------------
+    def active(self) -> frozenset[NamespacedName]:
+        """Pods with a live refresher (for the debug view and tests)."""
+        return frozenset(k for k, t in self._tasks.items() if not t.done())
+
+    async def aclose(self) -> None:
+        """Cancel every refresher and wait until they have all finished; later adds are ignored."""
+        self._closed = True
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    def _start(self, key: NamespacedName, store: Datastore) -> None:
+        if self._closed:
+            logger.debug("refreshers closed; not probing %s", key)
+            return
+        current = self._tasks.get(key)
+        if current is not None and not current.done():
+            return
+        task = self._loop.create_task(self._run(key, store), name=f"metrics-refresher {key}")
+        self._tasks[key] = task
+        task.add_done_callback(lambda t: self._forget(key, t))
+
+    def _stop(self, key: NamespacedName) -> None:
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    def _forget(self, key: NamespacedName, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("metrics refresher for %s died", key, exc_info=task.exception())
+
+    # --- the loop --------------------------------------------------------------------------------
+    async def _run(self, key: NamespacedName, store: Datastore) -> None:
+        reported = False
+        while True:
+            try:
+                await self._scrape_once(key, store)
+                reported = False
+            except ScrapeError as exc:
+                logger.debug("scrape of %s failed: %s", key, exc)
+            except Exception:
+                # A bug, not a pod problem: say it once per failure streak, not 20 times a second.
+                if not reported:
+                    logger.exception("metrics refresh of %s failed", key)
+                    reported = True
+            await asyncio.sleep(self._interval)
+
+    async def _scrape_once(self, key: NamespacedName, store: Datastore) -> None:
+        pod = store.pod_get(key)
+        pool = store.pool_get()
+        if pod is None or pool is None:
+            return
+        text = await self._fetcher.fetch(pod.pod.address, pool.target_port)
+        result = parse_page(text, self._plan, pod.metrics, self._clock())
+        if result.errors:
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("metrics of %s: %s", key, "; ".join(result.errors))
+            if result.families_found == 0:
+                # Nothing learnt (wrong page?): keep the old snapshot so its age shows it is stale.
+                return
+        store.pod_update_metrics_if_exist(key, result.metrics)

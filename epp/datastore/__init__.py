@@ -1,0 +1,87 @@
+"""The single store of pool, models and pods (DESIGN.md §2).
+
+Writers: the three reconcilers (everything) and the per-pod prober (metrics only, and only for pods
+still present). Readers: scheduler, handlers, collectors and the debug view, through immutable
+snapshots. The implementation is private (`epp.datastore._store`); construct it with `new_datastore`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from epp.api.types import InferenceModel, InferencePool, NamespacedName, PodObject
+from epp.datastore._store import new_datastore
+from epp.datastore.types import Metrics, Pod, PodMetrics
+
+
+class PodLifecycleListener(Protocol):
+    """Told when a pod enters or leaves the store, so its refresher starts and stops with it.
+
+    Called synchronously from the writer's thread/loop while no datastore lock is held. The store is
+    passed on add (as upstream's PodMetricsFactory receives it) so the refresher can write metrics
+    back without the two objects having to be wired in a cycle at construction.
+    """
+
+    def pod_added(self, key: NamespacedName, store: Datastore) -> None: ...
+
+    def pod_removed(self, key: NamespacedName) -> None: ...
+
+
+class Datastore(Protocol):
+    # --- pool -------------------------------------------------------------------------------
+    def pool_set(self, pool: InferencePool) -> None: ...
+
+    def pool_get(self) -> InferencePool | None: ...
+
+    def pool_has_synced(self) -> bool: ...
+
+    def pool_labels_match(self, labels: dict[str, str]) -> bool:
+        """False when no pool is known (upstream #696 dereferenced nil here)."""
+        ...
+
+    def clear(self) -> None:
+        """Forget pool, models and pods (pool deleted); stops every refresher."""
+        ...
+
+    # --- models -----------------------------------------------------------------------------
+    def model_set_if_older(self, model: InferenceModel) -> bool:
+        """Store unless another object already owns the modelName with a strictly older timestamp."""
+        ...
+
+    def model_get(self, model_name: str) -> InferenceModel | None: ...
+
+    def model_delete(self, key: NamespacedName) -> InferenceModel | None:
+        """Remove the entry stored for this object (by identity, not modelName); return it."""
+        ...
+
+    def model_get_all(self) -> Sequence[InferenceModel]: ...
+
+    # --- pods -------------------------------------------------------------------------------
+    def pod_update_or_add(self, pod: PodObject) -> bool:
+        """Insert with empty metrics or update the address keeping metrics; True if newly added."""
+        ...
+
+    def pod_delete(self, key: NamespacedName) -> None: ...
+
+    def pod_resync(self, pods: Iterable[PodObject]) -> None:
+        """Make the pod set exactly the routable pods given (full resync after a pool change)."""
+        ...
+
+    def pod_get(self, key: NamespacedName) -> PodMetrics | None: ...
+
+    def pod_get_all(self) -> Sequence[PodMetrics]: ...
+
+    def pod_update_metrics_if_exist(self, key: NamespacedName, metrics: Metrics) -> bool:
+        """The prober's only write; a late scrape never resurrects a deleted pod."""
+        ...
+
+
+__all__ = [
+    "Datastore",
+    "Metrics",
+    "Pod",
+    "PodLifecycleListener",
+    "PodMetrics",
+    "new_datastore",
+]

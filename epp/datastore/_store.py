@@ -1,0 +1,168 @@
+"""The one Datastore implementation: plain dicts behind one lock, immutable values handed out.
+
+Private on purpose (STYLE habit 1): callers hold a `Datastore` from `new_datastore` and never see
+these fields. Every value stored is frozen, so a reader can keep what it got without a copy and a
+writer replaces whole values. The pod-lifecycle listener is called after the lock is released, so a
+listener may read the store (or start a task that writes metrics) without deadlocking.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from epp.api.types import InferenceModel, InferencePool, NamespacedName, PodObject
+from epp.datastore.types import Metrics, Pod, PodMetrics
+
+if TYPE_CHECKING:
+    # Only for annotations: epp.datastore imports this module to export new_datastore.
+    from epp.datastore import Datastore, PodLifecycleListener
+
+log = logging.getLogger(__name__)
+
+
+class _Store:
+    def __init__(self, listener: PodLifecycleListener | None) -> None:
+        # One lock guards _pool, _models and _pods together, so a clear() or a resync is atomic for
+        # readers. It is never held while calling out (listener, logging of other objects).
+        self._lock = threading.Lock()
+        self._pool: InferencePool | None = None
+        # modelName -> the object that currently owns it (oldest creationTimestamp wins).
+        self._models: dict[str, InferenceModel] = {}
+        self._pods: dict[NamespacedName, PodMetrics] = {}
+        self._listener = listener
+
+    # --- pool ---------------------------------------------------------------------------------
+    def pool_set(self, pool: InferencePool) -> None:
+        with self._lock:
+            self._pool = pool
+
+    def pool_get(self) -> InferencePool | None:
+        with self._lock:
+            return self._pool
+
+    def pool_has_synced(self) -> bool:
+        with self._lock:
+            return self._pool is not None
+
+    def pool_labels_match(self, labels: dict[str, str]) -> bool:
+        with self._lock:
+            pool = self._pool
+        return pool is not None and pool.matches(labels)
+
+    def clear(self) -> None:
+        with self._lock:
+            removed = list(self._pods)
+            self._pool = None
+            self._models.clear()
+            self._pods.clear()
+        for key in removed:
+            self._notify(self._removed, key)
+
+    # --- models -------------------------------------------------------------------------------
+    def model_set_if_older(self, model: InferenceModel) -> bool:
+        with self._lock:
+            # modelName is immutable (CEL) in v1alpha2; should it change anyway, the object no longer
+            # claims its old name and must not stay routable under it.
+            for name in [n for n, m in self._models.items() if m.key == model.key and n != model.model_name]:
+                del self._models[name]
+            existing = self._models.get(model.model_name)
+            if existing is not None and existing.key != model.key and existing.created <= model.created:
+                # Another object owns the name and is older, or equally old: the first owner keeps it.
+                return False
+            self._models[model.model_name] = model
+            return True
+
+    def model_get(self, model_name: str) -> InferenceModel | None:
+        with self._lock:
+            return self._models.get(model_name)
+
+    def model_delete(self, key: NamespacedName) -> InferenceModel | None:
+        with self._lock:
+            for name, model in self._models.items():
+                if model.key == key:
+                    del self._models[name]
+                    return model
+        return None
+
+    def model_get_all(self) -> Sequence[InferenceModel]:
+        with self._lock:
+            return tuple(self._models.values())
+
+    # --- pods ---------------------------------------------------------------------------------
+    def pod_update_or_add(self, pod: PodObject) -> bool:
+        with self._lock:
+            added = self._put_pod(pod)
+        if added:
+            self._notify(self._added, pod.key)
+        return added
+
+    def pod_delete(self, key: NamespacedName) -> None:
+        with self._lock:
+            removed = self._pods.pop(key, None) is not None
+        if removed:
+            self._notify(self._removed, key)
+
+    def pod_resync(self, pods: Iterable[PodObject]) -> None:
+        wanted = {p.key: p for p in pods if p.routable}
+        with self._lock:
+            removed = [key for key in self._pods if key not in wanted]
+            for key in removed:
+                del self._pods[key]
+            added = [key for key, pod in wanted.items() if self._put_pod(pod)]
+        for key in removed:
+            self._notify(self._removed, key)
+        for key in added:
+            self._notify(self._added, key)
+
+    def pod_get(self, key: NamespacedName) -> PodMetrics | None:
+        with self._lock:
+            return self._pods.get(key)
+
+    def pod_get_all(self) -> Sequence[PodMetrics]:
+        with self._lock:
+            return tuple(self._pods.values())
+
+    def pod_update_metrics_if_exist(self, key: NamespacedName, metrics: Metrics) -> bool:
+        with self._lock:
+            current = self._pods.get(key)
+            if current is None:
+                return False
+            self._pods[key] = PodMetrics(current.pod, metrics)
+            return True
+
+    # --- internals ----------------------------------------------------------------------------
+    def _put_pod(self, pod: PodObject) -> bool:
+        """Caller holds the lock. Replace the address keeping metrics; True if the key was new."""
+        current = self._pods.get(pod.key)
+        fresh = Pod(key=pod.key, address=pod.pod_ip)
+        if current is None:
+            self._pods[pod.key] = PodMetrics(fresh)
+            return True
+        if current.pod != fresh:
+            self._pods[pod.key] = PodMetrics(fresh, current.metrics)
+        return False
+
+    def _added(self, key: NamespacedName) -> None:
+        if self._listener is not None:
+            self._listener.pod_added(key, self)
+
+    def _removed(self, key: NamespacedName) -> None:
+        if self._listener is not None:
+            self._listener.pod_removed(key)
+
+    @staticmethod
+    def _notify(call: Callable[[NamespacedName], None], key: NamespacedName) -> None:
+        # The store already changed; one failing listener call must not skip the others (a skipped
+        # pod_removed would leak that pod's refresher), so log and carry on.
+        try:
+            call(key)
+        except Exception:
+            log.exception("pod lifecycle listener failed for %s", key)
+
+
+def new_datastore(listener: PodLifecycleListener | None = None) -> Datastore:
+    """An empty store; `listener` hears every pod add/remove (the prober starts/stops refreshers)."""
+    return _Store(listener)

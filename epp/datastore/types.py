@@ -1,0 +1,47 @@
+"""Values the datastore hands out. All frozen: readers get snapshots, writers swap whole values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epp.api.types import NamespacedName
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """One scrape's view of a model server.
+
+    `updated_at` is the injected clock's reading when the scrape finished; None means never scraped,
+    which the scheduler must not mistake for idle (DESIGN.md §2, staleness).
+    """
+
+    waiting_queue_size: int = 0
+    running_queue_size: int = 0
+    kv_cache_usage: float = 0.0
+    active_models: frozenset[str] = frozenset()
+    waiting_models: frozenset[str] = frozenset()
+    max_active_models: int = 0
+    updated_at: float | None = None
+
+    @property
+    def loaded_adapters(self) -> frozenset[str]:
+        """Adapters that count for LoRA affinity: running plus waiting (v0.2.0+)."""
+        return self.active_models | self.waiting_models
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A routable pod: identity and address only. The port comes from the pool at response time."""
+
+    key: NamespacedName
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodMetrics:
+    pod: Pod
+    metrics: Metrics = field(default_factory=Metrics)
+
+    def is_fresh(self, now: float, staleness_threshold: float) -> bool:
+        updated = self.metrics.updated_at
+        return updated is not None and now - updated <= staleness_threshold

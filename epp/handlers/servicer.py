@@ -1,0 +1,92 @@
+"""The grpc.aio side of ext_proc: moves bytes between Envoy and one `ExtProcStream` per stream.
+
+Registered as a generic handler without (de)serializers, rather than through
+`add_ExternalProcessorServicer_to_server`, for two reasons: constant replies go out as
+pre-serialised bytes, and an undecodable message is caught here and answered with
+INVALID_ARGUMENT for that stream only (the server keeps serving), instead of grpc's own
+deserializer failure path.
+
+A client cancel or EOF ends the handler quietly (upstream #390): cancellation propagates without a
+log line and the stream's bookkeeping (running-requests gauge) is released in `finally`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from epp.handlers.responses import ConstantReplies, Destination
+from epp.handlers.stream import ExtProcStream, PodScheduler, ProtocolError, RoutingView, StreamDeps
+from epp.metrics import RequestMetrics
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+METHOD_NAME = "Process"
+
+
+class ExtProcServicer:
+    """`envoy.service.ext_proc.v3.ExternalProcessor/Process`; add it with `add_to_server`."""
+
+    def __init__(
+        self,
+        datastore: RoutingView,
+        scheduler: PodScheduler,
+        metrics: RequestMetrics,
+        *,
+        destination_header_key: str,
+        metadata_namespace: str,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # Envoy hands header names over lower-cased; compare and mutate in that form.
+        key = destination_header_key.lower()
+        self._deps = StreamDeps(
+            datastore=datastore,
+            scheduler=scheduler,
+            metrics=metrics,
+            rng=rng if rng is not None else random.Random(),
+            clock=clock,
+            destination=Destination(key, metadata_namespace),
+            replies=ConstantReplies.build(key),
+        )
+
+    def new_stream(self) -> ExtProcStream:
+        """The per-stream state machine on its own, fed serialised messages directly (no gRPC)."""
+        return ExtProcStream(self._deps)
+
+    async def process(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        stream = self.new_stream()
+        try:
+            async for raw in requests:
+                try:
+                    reply, end = stream.handle(raw)
+                except ProtocolError as exc:
+                    problem = str(exc)
+                else:
+                    problem = ""
+                if problem:
+                    # Status set and a plain return rather than context.abort(): no exception object
+                    # (and its frames) is left in a reference cycle with the server's call state.
+                    log.warning("ext_proc protocol error: %s", problem)
+                    context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+                    context.set_details(problem)
+                    return
+                if reply is not None:
+                    yield reply
+                if end:
+                    return
+        finally:
+            stream.close()
+
+    def add_to_server(self, server: Any) -> None:
+        """Register on a `grpc.aio.Server` (raw bytes in and out, see the module docstring)."""
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE_NAME, {METHOD_NAME: grpc.stream_stream_rpc_method_handler(self.process)}
+        )
+        server.add_generic_rpc_handlers((handler,))

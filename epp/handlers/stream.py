@@ -1,0 +1,329 @@
+"""One ext_proc stream = one HTTP request: the per-stream state machine, free of gRPC.
+
+`ExtProcStream.handle(raw)` takes one serialised ProcessingRequest and returns the serialised reply
+(or None) and whether the stream should end. The servicer only moves bytes, so this class is where
+every protocol decision lives (DESIGN.md §2 Handlers, epp-behaviour.md §6):
+
+- request headers: remembered; a client-supplied destination hint is removed; a bodyless request
+  (end_of_stream, e.g. GET) is routed at once to a random pod.
+- request body: chunks are accumulated until end_of_stream (or the one BUFFERED message); then the
+  JSON is parsed, the model resolved, a pod scheduled and the reply carries the destination as a
+  header and as dynamic metadata, with `model` and Content-Length rewritten when the target differs.
+  Each non-final chunk is answered by holding it back (clear_body), and the final reply then
+  carries the whole body, so a split body still reaches the model server exactly once.
+- response headers/body: only observed (status, SSE, size, token usage), never changed.
+- any `EppError` becomes an ImmediateResponse and ends the stream; an unexpected exception on the
+  request side becomes Internal (500) with its traceback logged; on the response side it is logged
+  and the response continues untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf.message import DecodeError
+
+from epp.api.types import InferenceModel, InferencePool
+from epp.datastore.types import PodMetrics
+from epp.errors import EppError, Internal, NoEndpoints
+from epp.handlers import responses
+from epp.handlers.request import not_found, parse_body, pick_target, rewrite_model
+from epp.handlers.usage import MAX_JSON_RESPONSE_BYTES, SseUsageScanner, Usage, usage_from_json
+from epp.metrics import RequestMetrics
+from epp.scheduling import LLMRequest
+
+log = logging.getLogger(__name__)
+
+_BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+_SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
+# Response statuses from which the request counts as a ModelServerError (once per stream).
+_FIRST_ERROR_STATUS = 400
+
+# What the response body is, for usage accounting.
+_UNKNOWN, _JSON, _SSE, _IGNORED = range(4)
+
+
+class ProtocolError(Exception):
+    """Envoy sent something that is not an ext_proc message we handle: a gRPC error, not HTTP."""
+
+
+class RoutingView(Protocol):
+    """The datastore reads a request needs (the Datastore Protocol satisfies it)."""
+
+    def pool_get(self) -> InferencePool | None: ...
+
+    def model_get(self, model_name: str) -> InferenceModel | None: ...
+
+    def pod_get_all(self) -> Sequence[PodMetrics]: ...
+
+
+class PodScheduler(Protocol):
+    def schedule(self, request: LLMRequest, pods: list[PodMetrics]) -> PodMetrics: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDeps:
+    """Everything a stream shares with every other stream; built once per servicer."""
+
+    datastore: RoutingView
+    scheduler: PodScheduler
+    metrics: RequestMetrics
+    rng: random.Random
+    clock: Callable[[], float]
+    destination: responses.Destination
+    replies: responses.ConstantReplies
+
+
+def endpoint_of(pod: PodMetrics, pool: InferencePool) -> str:
+    """`ip:port` with the pool's current port (never stored with the pod); IPv6 in brackets."""
+    address = pod.pod.address
+    if ":" in address:
+        return f"[{address}]:{pool.target_port}"
+    return f"{address}:{pool.target_port}"
+
+
+def _header_value(header: Any) -> str:
+    # Envoy ≥ 1.31 fills raw_value (bytes) and leaves value empty; older ones use value.
+    raw: bytes = header.raw_value
+    if raw:
+        return raw.decode("latin-1")
+    value: str = header.value
+    return value
+
+
+class ExtProcStream:
+    """Per-stream request context plus the handling of each message kind."""
+
+    __slots__ = (
+        "_body_chunks",
+        "_buffered_mode",
+        "_deps",
+        "_error_counted",
+        "_json_body",
+        "_received_at",
+        "_response_done",
+        "_response_kind",
+        "_response_size",
+        "_routed",
+        "_sse",
+        "headers",
+        "model",
+        "response_status",
+        "target",
+        "usage",
+    )
+
+    def __init__(self, deps: StreamDeps) -> None:
+        self._deps = deps
+        self.headers: dict[str, str] = {}
+        self.model = ""
+        self.target = ""
+        self.response_status = 0
+        self.usage: Usage | None = None
+        self._received_at = deps.clock()
+        self._buffered_mode = False
+        self._body_chunks: list[bytes] = []
+        self._routed = False
+        self._error_counted = False
+        self._response_kind = _UNKNOWN
+        self._sse = SseUsageScanner()
+        self._json_body: list[bytes] = []
+        self._response_size = 0
+        self._response_done = False
+
+    # --- entry points ----------------------------------------------------------------------------
+    def handle(self, raw: bytes) -> tuple[bytes | None, bool]:
+        """Reply to one serialised ProcessingRequest: (reply bytes or None, end the stream?)."""
+        try:
+            req = pb.ProcessingRequest.FromString(raw)
+        except DecodeError as exc:
+            raise ProtocolError(f"undecodable ProcessingRequest: {exc}") from exc
+        if req.HasField("protocol_config"):
+            self._buffered_mode = req.protocol_config.request_body_mode == _BUFFERED
+        if req.observability_mode:
+            # Envoy expects no reply in observability mode; what it tells us is still recorded.
+            return None, self._dispatch(req)[1]
+        return self._dispatch(req)
+
+    def _dispatch(self, req: pb.ProcessingRequest) -> tuple[bytes | None, bool]:
+        kind = req.WhichOneof("request")
+        if kind == "request_headers" or kind == "request_body":
+            try:
+                if kind == "request_headers":
+                    return self._request_headers(req.request_headers), False
+                return self._request_body(req.request_body), False
+            except EppError as err:
+                return self._fail(err), True
+            except Exception as exc:
+                # The traceback goes into the message as text: a record holding exc_info would keep
+                # every frame up to the gRPC server alive for as long as the record lives.
+                log.error("internal error handling %s:\n%s", kind, "".join(traceback.format_exception(exc)))
+                return self._fail(Internal("internal error in the endpoint picker")), True
+        if kind == "response_headers" or kind == "response_body":
+            try:
+                if kind == "response_headers":
+                    self._response_headers(req.response_headers)
+                    return self._deps.replies.response_headers, False
+                self._response_body(req.response_body)
+            except Exception as exc:
+                # Usage accounting is best effort; the client's response must never suffer from it.
+                log.error(
+                    "error observing %s; response passed through:\n%s",
+                    kind,
+                    "".join(traceback.format_exception(exc)),
+                )
+            return self._deps.replies.response_body, False
+        if kind == "request_trailers":
+            return self._deps.replies.request_trailers, False
+        if kind == "response_trailers":
+            return self._deps.replies.response_trailers, False
+        raise ProtocolError(f"unsupported ProcessingRequest: {kind or 'no message set'}")
+
+    def close(self) -> None:
+        """The stream ended (EOF, cancel or error): release what `request_routed` took."""
+        if self._routed:
+            self._routed = False
+            self._deps.metrics.request_finished(self.model)
+
+    # --- request side ----------------------------------------------------------------------------
+    def _request_headers(self, msg: pb.HttpHeaders) -> bytes | None:
+        key = self._deps.destination.header_key
+        client_hint = False
+        headers = self.headers
+        for header in msg.headers.headers:
+            name = header.key.lower()
+            headers[name] = _header_value(header)
+            if name == key:
+                client_hint = True
+        if msg.end_of_stream:
+            return self._route_bodyless()
+        replies = self._deps.replies
+        return replies.request_headers_strip if client_hint else replies.request_headers
+
+    def _route_bodyless(self) -> bytes:
+        pool, pods = self._pool_and_pods()
+        endpoint = endpoint_of(self._deps.rng.choice(pods), pool)
+        return responses.route(self._deps.destination, endpoint, phase="request_headers")
+
+    def _request_body(self, msg: pb.HttpBody) -> bytes:
+        if self._routed:
+            # Already decided (e.g. a trailing chunk after a BUFFERED body): let it through unchanged.
+            return self._deps.replies.request_body
+        if not (msg.end_of_stream or self._buffered_mode):
+            self._body_chunks.append(msg.body)
+            return self._deps.replies.request_body_held
+        split = bool(self._body_chunks)
+        if split:
+            self._body_chunks.append(msg.body)
+            raw = b"".join(self._body_chunks)
+            self._body_chunks = []
+        else:
+            raw = msg.body
+        deps = self._deps
+        parsed = parse_body(raw)
+        self.model = parsed.model
+        model = deps.datastore.model_get(parsed.model)
+        if model is None:
+            raise not_found(parsed.model)
+        target = pick_target(model, deps.rng)
+        self.target = target
+        pool, pods = self._pool_and_pods()
+        picked = deps.scheduler.schedule(LLMRequest(parsed.model, target, model.is_critical), pods)
+        endpoint = endpoint_of(picked, pool)
+        if target != parsed.model:
+            body = rewrite_model(parsed, target)
+            reply = responses.route(
+                deps.destination, endpoint, phase="request_body", body=body, content_length=len(body)
+            )
+        else:
+            # Unchanged bytes: no Content-Length to fix. Held chunks must come back in one piece.
+            reply = responses.route(
+                deps.destination, endpoint, phase="request_body", body=raw if split else None
+            )
+        deps.metrics.request_routed(parsed.model, target, len(raw))
+        self._routed = True
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("routed model=%s target=%s to %s", parsed.model, target, endpoint)
+        return reply
+
+    def _pool_and_pods(self) -> tuple[InferencePool, list[PodMetrics]]:
+        pool = self._deps.datastore.pool_get()
+        if pool is None:
+            raise NoEndpoints("no InferencePool is known to the endpoint picker")
+        pods = list(self._deps.datastore.pod_get_all())
+        if not pods:
+            raise NoEndpoints(f"no ready endpoints in InferencePool {pool.key.name}")
+        return pool, pods
+
+    def _fail(self, err: EppError) -> bytes:
+        self._count_error(err.metric_code)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request rejected with %d: %s", err.http_status, err.message)
+        return responses.immediate(err)
+
+    def _count_error(self, code: str) -> None:
+        if not self._error_counted:
+            self._error_counted = True
+            self._deps.metrics.request_failed(self.model, self.target, code)
+
+    # --- response side ---------------------------------------------------------------------------
+    def _response_headers(self, msg: pb.HttpHeaders) -> None:
+        for header in msg.headers.headers:
+            name = header.key.lower()
+            if name == ":status":
+                value = _header_value(header)
+                self.response_status = int(value) if value.isdigit() else 0
+            elif name == "content-type":
+                sse = "text/event-stream" in _header_value(header).lower()
+                self._response_kind = _SSE if sse else _JSON
+        if self._routed and self.response_status >= _FIRST_ERROR_STATUS:
+            self._count_error("ModelServerError")
+        if msg.end_of_stream:
+            self._response_complete()
+
+    def _response_body(self, msg: pb.HttpBody) -> None:
+        chunk = msg.body
+        self._response_size += len(chunk)
+        kind = self._response_kind
+        if kind == _UNKNOWN:
+            # No content-type seen (response headers SKIPped): tell SSE from JSON by the first bytes.
+            kind = self._response_kind = _SSE if chunk.lstrip().startswith(_SSE_STARTS) else _JSON
+        if kind == _SSE:
+            self._sse.feed(chunk)
+        elif kind == _JSON:
+            if self._response_size <= MAX_JSON_RESPONSE_BYTES:
+                self._json_body.append(chunk)
+            else:
+                # Too big to hold: pass it on without usage accounting.
+                self._response_kind = _IGNORED
+                self._json_body = []
+        if msg.end_of_stream:
+            self._response_complete()
+
+    def _response_complete(self) -> None:
+        if self._response_done:
+            return
+        self._response_done = True
+        if self._response_kind == _SSE:
+            self._sse.finish()
+            self.usage = self._sse.usage
+        elif self._response_kind == _JSON and self._json_body:
+            self.usage = usage_from_json(b"".join(self._json_body))
+        if not self._routed:
+            return
+        usage = self.usage or Usage()
+        self._deps.metrics.response_complete(
+            self.model,
+            self.target,
+            duration=self._deps.clock() - self._received_at,
+            response_size=self._response_size,
+            input_tokens=usage.prompt_tokens,
+            output_tokens=usage.completion_tokens,
+        )

@@ -1,0 +1,236 @@
+"""A small asyncio client for the two calls a read-only controller makes: list and watch.
+
+Only what the informer needs: namespaced list (with paging) returning the collection's
+resourceVersion, and a streaming watch (JSON lines, bookmarks on) yielding typed events. Failures are
+typed (errors.py): a 410, as a status or as an ERROR event inside the stream, is `GoneError`, the
+informer's cue to relist. aiohttp exceptions never leave this module untranslated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from epp.api.types import API_GROUP, API_VERSION
+from epp.k8s.config import KubeConfig
+from epp.k8s.errors import ApiError, GoneError, KubeConnectionError
+
+JsonObject = dict[str, Any]
+ObjectList = list[JsonObject]
+
+DEFAULT_REQUEST_TIMEOUT = 30.0
+DEFAULT_WATCH_TIMEOUT = 300.0
+DEFAULT_PAGE_SIZE = 500
+# The server ends a watch after timeoutSeconds; a read silent for longer than that means a dead link.
+WATCH_READ_GRACE = 30.0
+USER_AGENT = "epp/0.1 (inference endpoint picker)"
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A namespaced resource: `group` "" is the core API (`/api/v1`)."""
+
+    group: str
+    version: str
+    plural: str
+
+    def path(self, namespace: str) -> str:
+        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        return f"{prefix}/namespaces/{namespace}/{self.plural}"
+
+
+PODS = Resource("", "v1", "pods")
+INFERENCE_POOLS = Resource(API_GROUP, API_VERSION, "inferencepools")
+INFERENCE_MODELS = Resource(API_GROUP, API_VERSION, "inferencemodels")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """ADDED, MODIFIED, DELETED or BOOKMARK (ERROR events are raised, never yielded)."""
+
+    type: str
+    object: Mapping[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        return str((self.object.get("metadata") or {}).get("resourceVersion", ""))
+
+
+class KubeClient:
+    """One aiohttp session to one API server; create inside the event loop, close when done."""
+
+    def __init__(self, config: KubeConfig, *, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self._config = config
+        self._request_timeout = request_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        *,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> tuple[ObjectList, str]:
+        """All objects (following `continue` pages) and the list's resourceVersion to watch from."""
+        params = _selectors(label_selector, field_selector)
+        params["limit"] = str(page_size)
+        items: ObjectList = []
+        while True:
+            page = await self._get_json(resource.path(namespace), params)
+            items.extend(page.get("items") or ())
+            meta = page.get("metadata") or {}
+            resource_version = str(meta.get("resourceVersion", ""))
+            if not meta.get("continue"):
+                return items, resource_version
+            params["continue"] = str(meta["continue"])
+
+    async def watch(
+        self,
+        resource: Resource,
+        namespace: str,
+        resource_version: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: float = DEFAULT_WATCH_TIMEOUT,
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """Stream events after `resource_version` until the server ends the watch.
+
+        Close it with `contextlib.aclosing` when stopping early, so the connection is released.
+        """
+        params = _selectors(label_selector, field_selector)
+        params.update(
+            watch="true",
+            resourceVersion=resource_version,
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(int(timeout_seconds)),
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self._request_timeout, sock_read=timeout_seconds + WATCH_READ_GRACE
+        )
+        url = self._config.server + resource.path(namespace)
+        try:
+            async with self._session_get().get(url, params=params, timeout=timeout, **self._extra()) as resp:
+                if resp.status != 200:
+                    raise await _api_error(resp)
+                pending = bytearray()
+                async for chunk in resp.content.iter_any():
+                    pending.extend(chunk)
+                    while (end := pending.find(b"\n")) >= 0:
+                        line = bytes(pending[:end])
+                        del pending[: end + 1]
+                        if line.strip():
+                            yield _event(line)
+                if pending.strip():
+                    yield _event(bytes(pending))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeConnectionError(f"watch {url}: {exc!r}") from exc
+
+    async def _get_json(self, path: str, params: Mapping[str, str]) -> JsonObject:
+        url = self._config.server + path
+        timeout = aiohttp.ClientTimeout(total=self._request_timeout)
+        try:
+            async with self._session_get().get(url, params=params, timeout=timeout, **self._extra()) as resp:
+                if resp.status != 200:
+                    raise await _api_error(resp)
+                body = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeConnectionError(f"GET {url}: {exc!r}") from exc
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise KubeConnectionError(f"GET {url}: response is not JSON") from exc
+        if not isinstance(data, dict):
+            raise KubeConnectionError(f"GET {url}: response is not a JSON object")
+        return data
+
+    def _session_get(self) -> aiohttp.ClientSession:
+        # Created on first use so the client can be constructed outside the event loop.
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._config.ssl_context or True)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers={"Accept": "application/json", "User-Agent": USER_AGENT}
+            )
+        return self._session
+
+    def _extra(self) -> dict[str, Any]:
+        """Per-request keyword arguments: auth (re-read each time, tokens rotate) and SNI override."""
+        extra: dict[str, Any] = {}
+        auth = self._config.authorization()
+        if auth:
+            extra["headers"] = {"Authorization": auth}
+        if self._config.tls_server_name:
+            extra["server_hostname"] = self._config.tls_server_name
+        return extra
+
+
+def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+    params: dict[str, str] = {}
+    if label_selector:
+        params["labelSelector"] = label_selector
+    if field_selector:
+        params["fieldSelector"] = field_selector
+    return params
+
+
+def _event(line: bytes) -> WatchEvent:
+    try:
+        raw = json.loads(line)
+    except ValueError as exc:
+        raise KubeConnectionError(f"watch stream carried a malformed line: {line[:200]!r}") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("object"), dict):
+        raise KubeConnectionError(f"watch stream carried a malformed event: {line[:200]!r}")
+    event_type = str(raw.get("type", ""))
+    obj: JsonObject = raw["object"]
+    if event_type == "ERROR":
+        raise _status_error(obj, code=int(obj.get("code") or 500))
+    return WatchEvent(event_type, obj)
+
+
+async def _api_error(resp: aiohttp.ClientResponse) -> ApiError:
+    try:
+        status = json.loads(await resp.read())
+    except (ValueError, aiohttp.ClientError):
+        status = None
+    if not isinstance(status, dict):
+        status = {"reason": resp.reason or ""}
+    return _status_error(status, code=resp.status)
+
+
+def _status_error(status: Mapping[str, Any], code: int) -> ApiError:
+    """A metav1.Status (HTTP error body, or the object of an ERROR watch event) as a typed error."""
+    reason = str(status.get("reason") or "")
+    message = str(status.get("message") or "")
+    if code == 410:
+        return GoneError(reason or "Gone", message)
+    return ApiError(code, reason, message)
+
+
+__all__ = [
+    "INFERENCE_MODELS",
+    "INFERENCE_POOLS",
+    "PODS",
+    "KubeClient",
+    "Resource",
+    "WatchEvent",
+]

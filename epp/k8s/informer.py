@@ -1,0 +1,231 @@
+"""List-then-watch for one resource in one namespace, keeping a parsed in-memory cache.
+
+The reliability rules (DESIGN.md §2, client-go's reflector):
+- list, then watch from the list's resourceVersion; every event and bookmark advances it, so a
+  reconnect resumes exactly where the stream stopped;
+- 410 Gone (status or ERROR event) relists, and objects missing from the new list are reported as
+  DELETED, so a deletion that happened while disconnected is never lost;
+- any other failure (refused, dropped mid-stream, 5xx, a watch that closes at once with nothing in
+  it) reconnects after a capped, jittered exponential backoff;
+- the cache is updated before handlers run, so a reconciler triggered by an event reads at least
+  that state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from epp.api.types import NamespacedName
+from epp.k8s.backoff import BackoffPolicy
+from epp.k8s.client import DEFAULT_WATCH_TIMEOUT, KubeClient, Resource, WatchEvent
+from epp.k8s.errors import GoneError, KubeError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+BOOKMARK = "BOOKMARK"
+
+DEFAULT_RECONNECT_BACKOFF = BackoffPolicy(initial=0.2, maximum=30.0, factor=2.0, jitter=0.2)
+# client-go's "very short watch": closed within this many seconds with no event is a failure.
+MIN_HEALTHY_WATCH = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class InformerEvent(Generic[T]):
+    """A change to the cache. For DELETED, `obj` is the last state the cache held."""
+
+    type: str
+    key: NamespacedName
+    obj: T
+
+
+Handler = Callable[[InformerEvent[T]], None]
+Sleep = Callable[[float], Awaitable[None]]
+Parse = Callable[[Mapping[str, Any]], T]
+
+
+class Informer(Generic[T]):
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: Resource,
+        namespace: str,
+        parse: Parse[T],
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        backoff: BackoffPolicy = DEFAULT_RECONNECT_BACKOFF,
+        watch_timeout: float = DEFAULT_WATCH_TIMEOUT,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._resource = resource
+        self._namespace = namespace
+        self._parse = parse
+        self._label_selector = label_selector
+        self._field_selector = field_selector
+        self._backoff = backoff
+        self._watch_timeout = watch_timeout
+        self._sleep = sleep
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._handlers: list[Handler[T]] = []
+        # Written only by run() on the event loop; readers on the same loop see whole updates.
+        self._cache: dict[NamespacedName, T] = {}
+        self._resource_version = ""
+        self._failures = 0
+        self._synced = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return f"{self._resource.plural}/{self._namespace}"
+
+    # --- reading ------------------------------------------------------------------------------
+    def get(self, key: NamespacedName) -> T | None:
+        return self._cache.get(key)
+
+    def objects(self) -> Sequence[T]:
+        return tuple(self._cache.values())
+
+    @property
+    def resource_version(self) -> str:
+        """The newest resourceVersion seen (list, event or bookmark): where a reconnect resumes."""
+        return self._resource_version
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    def add_handler(self, handler: Handler[T]) -> None:
+        """Register before `run`; called synchronously for every cache change, after the change."""
+        self._handlers.append(handler)
+
+    # --- the loop -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """List and watch until cancelled."""
+        await self._relist()
+        while True:
+            try:
+                await self._watch_once()
+            except GoneError as exc:
+                log.info("%s: resourceVersion %s gone (%s): relist", self.name, self._resource_version, exc)
+                await self._relist()
+            except KubeError as exc:
+                await self._back_off(f"watch failed: {exc}")
+
+    async def _watch_once(self) -> None:
+        started = self._clock()
+        received = False
+        # Random spread of the server-side timeout, so replicas do not all re-watch at once.
+        timeout = self._watch_timeout * (1.0 + self._rng.random())
+        stream = self._client.watch(
+            self._resource,
+            self._namespace,
+            self._resource_version,
+            label_selector=self._label_selector,
+            field_selector=self._field_selector,
+            timeout_seconds=timeout,
+        )
+        async with contextlib.aclosing(stream):
+            async for event in stream:
+                received = True
+                self._failures = 0
+                self._apply(event)
+        if not received and self._clock() - started < MIN_HEALTHY_WATCH:
+            await self._back_off("watch closed at once without events")
+
+    async def _relist(self) -> None:
+        while True:
+            try:
+                items, resource_version = await self._client.list(
+                    self._resource, self._namespace, self._label_selector, self._field_selector
+                )
+            except KubeError as exc:
+                await self._back_off(f"list failed: {exc}")
+                continue
+            self._failures = 0
+            self._replace(items, resource_version)
+            self._synced.set()
+            return
+
+    async def _back_off(self, why: str) -> None:
+        delay = self._backoff.delay(self._failures, self._rng)
+        self._failures += 1
+        log.warning("%s: %s; retrying in %.2fs", self.name, why, delay)
+        await self._sleep(delay)
+
+    # --- cache updates ------------------------------------------------------------------------
+    def _replace(self, items: Iterable[Mapping[str, Any]], resource_version: str) -> None:
+        fresh: dict[NamespacedName, T] = {}
+        for raw in items:
+            parsed = self._parse_or_none(raw)
+            if parsed is not None:
+                fresh[_key(raw)] = parsed
+        old, self._cache = self._cache, fresh
+        self._resource_version = resource_version
+        events: list[InformerEvent[T]] = [
+            InformerEvent(DELETED, key, obj) for key, obj in old.items() if key not in fresh
+        ]
+        for key, obj in fresh.items():
+            if key not in old:
+                events.append(InformerEvent(ADDED, key, obj))
+            elif old[key] != obj:
+                events.append(InformerEvent(MODIFIED, key, obj))
+        for event in events:
+            self._notify(event)
+
+    def _apply(self, event: WatchEvent) -> None:
+        if event.resource_version:
+            self._resource_version = event.resource_version
+        if event.type == BOOKMARK:
+            return
+        if event.type not in (ADDED, MODIFIED, DELETED):
+            log.warning("%s: ignoring watch event of type %r", self.name, event.type)
+            return
+        key = _key(event.object)
+        previous = self._cache.get(key)
+        parsed = self._parse_or_none(event.object)
+        if event.type == DELETED or parsed is None:
+            # An object we cannot parse must not stay routable in its last good shape.
+            self._cache.pop(key, None)
+            last = parsed if parsed is not None else previous
+            if last is not None and (previous is not None or event.type == DELETED):
+                self._notify(InformerEvent(DELETED, key, last))
+            return
+        self._cache[key] = parsed
+        self._notify(InformerEvent(ADDED if previous is None else MODIFIED, key, parsed))
+
+    def _parse_or_none(self, raw: Mapping[str, Any]) -> T | None:
+        try:
+            return self._parse(raw)
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("%s: cannot parse %s: %r", self.name, _key(raw), exc)
+            return None
+
+    def _notify(self, event: InformerEvent[T]) -> None:
+        for handler in self._handlers:
+            try:
+                handler(event)
+            except Exception:
+                log.exception("%s: handler failed for %s %s", self.name, event.type, event.key)
+
+
+def _key(raw: Mapping[str, Any]) -> NamespacedName:
+    meta = raw.get("metadata") or {}
+    return NamespacedName(str(meta.get("namespace", "")), str(meta.get("name", "")))

@@ -1,0 +1,114 @@
+"""Pick one pod for a request: staleness split, then the v0.3.0 filter tree, then a uniform draw.
+
+The tree (epp-behaviour.md §5.3, thresholds from `SchedulerConfig`):
+
+    critical request? (pass all if Critical, else fail)
+     ├─ success → low queueing (queue < queueing_threshold_lora)
+     │     ├─ success → LoRA soft affinity ─(either)→ least queuing → least KV cache
+     │     └─ failure → least queuing → LoRA soft affinity ─(either)→ least KV cache
+     └─ failure → has capacity for sheddable (queue ≤ queue_threshold_critical AND kv ≤ kv_cache_threshold)
+           ├─ success → least queuing → LoRA soft affinity ─(either)→ least KV cache
+           └─ failure → drop: ResourceExhausted (429)
+
+Decisions that differ from upstream v0.3.0 (DESIGN.md §2):
+- Zero pods is `NoEndpoints` (503), not upstream's 429: there is nothing to shed load from.
+- Staleness. A pod's metrics are fresh when scraped within `metrics_staleness_threshold`. The tree
+  runs over the fresh pods only; stale and never-scraped pods are not evidence of anything (a pod
+  whose scrapes fail reports zeros and would look idle — upstream #336). When NO pod is fresh:
+  * a Critical request is still served, by a uniform draw over all pods — the tree's ordering on
+    old numbers is meaningless, and Critical traffic is never dropped while a pod exists;
+  * any other request is shed with 429: capacity for sheddable traffic cannot be shown without
+    fresh metrics. This is also what upstream v0.4.0's saturation detector does (no fresh pod ⇒
+    saturated ⇒ non-critical dropped). The message says why, so an operator seeing 429s looks at the
+    prober rather than at load.
+  Stale pods are never mixed with fresh ones: fresh pods without capacity shed a sheddable request
+  even if a stale pod last reported room.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from epp.config import SchedulerConfig
+from epp.datastore.types import PodMetrics
+from epp.errors import NoEndpoints, ResourceExhausted
+from epp.scheduling.filters import (
+    FilterNode,
+    LLMRequest,
+    Pods,
+    critical_request,
+    has_capacity_for_sheddable,
+    least_kv_cache,
+    least_queuing,
+    lora_soft_affinity,
+    low_queueing,
+)
+
+DROP_MESSAGE = "dropping request due to limited backend resources"
+NO_FRESH_METRICS_MESSAGE = "dropping request: no pod has fresh metrics (older than {threshold:g}s)"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        pool_name: str = "",
+    ) -> None:
+        self._config = config
+        self._rng = rng if rng is not None else random.Random()
+        self._clock = clock
+        self._pool_name = pool_name
+        self._tree = build_tree(config, self._rng)
+
+    def schedule(self, request: LLMRequest, pods: Sequence[PodMetrics]) -> PodMetrics:
+        """One pod for `request`; raises NoEndpoints (503) or ResourceExhausted (429)."""
+        if not pods:
+            where = f" in pool {self._pool_name}" if self._pool_name else ""
+            raise NoEndpoints(f"no ready endpoints{where}")
+        threshold = self._config.metrics_staleness_threshold
+        now = self._clock()
+        # Same test as PodMetrics.is_fresh, inlined: this runs per request over every pod.
+        fresh = [p for p in pods if (u := p.metrics.updated_at) is not None and now - u <= threshold]
+        if not fresh:
+            if request.critical:
+                return self._rng.choice(pods)
+            raise ResourceExhausted(NO_FRESH_METRICS_MESSAGE.format(threshold=threshold))
+        survivors = self._tree.run(request, fresh)
+        if not survivors:
+            # Unreachable with the v0.3.0 tree (only the drop node ends empty, and it raises).
+            raise ResourceExhausted(DROP_MESSAGE)
+        return self._rng.choice(survivors)
+
+
+def build_tree(config: SchedulerConfig, rng: random.Random) -> FilterNode:
+    """The v0.3.0 decision tree as data; the RNG is shared with the final draw."""
+    soft_affinity = lora_soft_affinity(config.lora_affinity_threshold, rng)
+    least_kv = FilterNode("least KV cache percent", least_kv_cache)
+    queue_and_kv = FilterNode("least queuing", least_queuing, on_success_or_failure=least_kv)
+    queue_lora_and_kv = FilterNode(
+        "least queuing",
+        least_queuing,
+        on_success_or_failure=FilterNode("low cost LoRA", soft_affinity, on_success_or_failure=least_kv),
+    )
+    low_latency = FilterNode(
+        "low queueing",
+        low_queueing(config.queueing_threshold_lora),
+        on_success=FilterNode("affinity LoRA", soft_affinity, on_success_or_failure=queue_and_kv),
+        on_failure=queue_lora_and_kv,
+    )
+    sheddable = FilterNode(
+        "has capacity for sheddable requests",
+        has_capacity_for_sheddable(config.queue_threshold_critical, config.kv_cache_threshold),
+        on_success=queue_lora_and_kv,
+        on_failure=FilterNode("drop request", _drop),
+    )
+    return FilterNode("critical request", critical_request, on_success=low_latency, on_failure=sheddable)
+
+
+def _drop(_: LLMRequest, pods: Pods) -> Pods:
+    raise ResourceExhausted(DROP_MESSAGE)

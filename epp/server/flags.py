@@ -1,0 +1,237 @@
+"""Command-line flags with upstream's names, and the scheduler thresholds from the environment.
+
+This is the only place that reads argv and the environment (STYLE habit 9); everything becomes a
+frozen `ServerConfig`. Like Go's `flag` package, a flag may be written with one dash or two, and as
+`-name value` or `-name=value`; durations are Go duration strings (`50ms`, `5s`, `1m30s`).
+`--bindAddress` is ours (not upstream): tests and the harness bind to loopback only.
+`--refreshPrometheusMetricsInterval` is accepted for compatibility but has nothing to drive: pool
+gauges are computed at scrape time (epp.metrics.pool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NoReturn, TypeVar
+
+from epp import config as defaults
+from epp.config import MetricNames, ProberConfig, SchedulerConfig, ServerConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VERBOSITY = 2
+# zap levels as upstream: 2 default, 3 verbose, 4 debug, 5 trace. Python has no finer level than DEBUG.
+DEBUG_VERBOSITY = 4
+
+T = TypeVar("T")
+
+
+class FlagError(ValueError):
+    """Bad command line; the message says which flag and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flags:
+    config: ServerConfig
+    verbosity: int = DEFAULT_VERBOSITY
+
+    @property
+    def log_level(self) -> int:
+        return logging.DEBUG if self.verbosity >= DEBUG_VERBOSITY else logging.INFO
+
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_go_duration(text: str) -> float:
+    """Seconds from a Go duration string (`time.ParseDuration`): `300ms`, `1.5s`, `1h2m`, `0`."""
+    s = text.strip()
+    sign = 1.0
+    if s and s[0] in "+-":
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        raise ValueError(f"invalid duration {text!r}")
+    total = 0.0
+    pos = 0
+    while pos < len(s):
+        match = _DURATION_PART.match(s, pos)
+        if match is None:
+            raise ValueError(f"invalid duration {text!r} (expected e.g. 50ms, 5s, 1m30s)")
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    return sign * total
+
+
+def _positive_duration(text: str) -> float:
+    seconds = parse_go_duration(text)
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range: {port} (0 picks a free port)")
+    return port
+
+
+_TRUE = {"1", "t", "T", "true", "TRUE", "True"}
+_FALSE = {"0", "f", "F", "false", "FALSE", "False"}
+
+
+def _go_bool(text: str) -> bool:
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"invalid boolean {text!r}")
+
+
+def _typed(convert: Callable[[str], T], what: str) -> Callable[[str], T]:
+    def parse(text: str) -> T:
+        try:
+            return convert(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc) or f"invalid {what}: {text!r}") from exc
+
+    parse.__name__ = what
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise FlagError(message)
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="epp", description="Endpoint picker for LLM inference (ext_proc).", allow_abbrev=False)
+    duration, port, go_bool = (
+        _typed(_positive_duration, "duration"),
+        _typed(_port, "port"),
+        _typed(_go_bool, "bool"),
+    )
+    p.add_argument("--poolName", required=True, help="Name of the InferencePool this EPP serves (required).")
+    p.add_argument("--poolNamespace", default=defaults.DEFAULT_POOL_NAMESPACE)
+    p.add_argument("--grpcPort", type=port, default=defaults.DEFAULT_GRPC_PORT, help="ext_proc port.")
+    p.add_argument("--grpcHealthPort", type=port, default=defaults.DEFAULT_GRPC_HEALTH_PORT)
+    p.add_argument("--metricsPort", type=port, default=defaults.DEFAULT_METRICS_PORT)
+    p.add_argument("--bindAddress", default="0.0.0.0", help="Address every server binds to (not upstream).")
+    p.add_argument(
+        "--refreshMetricsInterval", type=duration, default=defaults.DEFAULT_REFRESH_METRICS_INTERVAL
+    )
+    p.add_argument(
+        "--refreshPrometheusMetricsInterval",
+        type=duration,
+        default=defaults.DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL,
+        help="Accepted for compatibility; pool gauges are computed at scrape time.",
+    )
+    p.add_argument(
+        "--metricsStalenessThreshold", type=duration, default=defaults.DEFAULT_METRICS_STALENESS_THRESHOLD
+    )
+    p.add_argument("--secureServing", type=go_bool, nargs="?", const=True, default=True)
+    p.add_argument("--certPath", default="", help="Directory with tls.crt and tls.key; empty: self-signed.")
+    p.add_argument("--destinationEndpointHintKey", default=defaults.DEFAULT_DESTINATION_ENDPOINT_HINT_KEY)
+    p.add_argument(
+        "--DestinationEndpointHintMetadataNamespace",
+        default=defaults.DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE,
+    )
+    p.add_argument("--totalQueuedRequestsMetric", default=defaults.DEFAULT_QUEUED_REQUESTS_METRIC)
+    p.add_argument("--kvCacheUsagePercentageMetric", default=defaults.DEFAULT_KV_CACHE_USAGE_METRIC)
+    p.add_argument("--loraInfoMetric", default=defaults.DEFAULT_LORA_INFO_METRIC)
+    p.add_argument(
+        "--v", type=_typed(int, "int"), default=DEFAULT_VERBOSITY, help="Log verbosity (4: debug)."
+    )
+    p.add_argument(
+        "--kubeconfig", default="", help="Kubeconfig path; empty: $KUBECONFIG, in-cluster, ~/.kube."
+    )
+    return p
+
+
+_NUMBER = re.compile(r"^-\.?\d")
+
+
+def go_style(argv: Sequence[str]) -> list[str]:
+    """`-name` → `--name` (Go accepts both); negative numbers and everything after `--` untouched."""
+    out: list[str] = []
+    rest = False
+    for arg in argv:
+        if rest or arg == "--":
+            rest = True
+        elif arg.startswith("-") and not arg.startswith("--") and len(arg) > 1 and not _NUMBER.match(arg):
+            arg = "-" + arg
+        out.append(arg)
+    return out
+
+
+def _env(environ: Mapping[str, str], name: str, convert: Callable[[str], T], default: T) -> T:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return convert(raw)
+    except ValueError:
+        log.warning(
+            "ignoring %s=%r: not a valid %s; using the default %r", name, raw, type(default).__name__, default
+        )
+        return default
+
+
+def scheduler_config(environ: Mapping[str, str], staleness: float) -> SchedulerConfig:
+    """Upstream's env-tunable thresholds (v0.3.0); an unparsable value falls back to the default."""
+    return SchedulerConfig(
+        kv_cache_threshold=_env(environ, "KV_CACHE_THRESHOLD", float, defaults.DEFAULT_KV_CACHE_THRESHOLD),
+        queue_threshold_critical=_env(
+            environ, "QUEUE_THRESHOLD_CRITICAL", int, defaults.DEFAULT_QUEUE_THRESHOLD_CRITICAL
+        ),
+        queueing_threshold_lora=_env(
+            environ, "QUEUING_THRESHOLD_LORA", int, defaults.DEFAULT_QUEUEING_THRESHOLD_LORA
+        ),
+        lora_affinity_threshold=_env(
+            environ, "LORA_AFFINITY_THRESHOLD", float, defaults.DEFAULT_LORA_AFFINITY_THRESHOLD
+        ),
+        metrics_staleness_threshold=staleness,
+    )
+
+
+def parse_flags(argv: Sequence[str], environ: Mapping[str, str]) -> Flags:
+    """argv (without the program name) and the environment → settings; raises FlagError."""
+    ns = _parser().parse_args(go_style(argv))
+    if not ns.poolName:
+        raise FlagError("--poolName must not be empty")
+    kv_metric = ns.kvCacheUsagePercentageMetric
+    names = MetricNames(
+        queued_requests=ns.totalQueuedRequestsMetric,
+        kv_cache_usage=kv_metric,
+        # The vLLM fallback only makes sense for the vLLM default; a custom name stands alone.
+        kv_cache_usage_fallback=(
+            defaults.FALLBACK_KV_CACHE_USAGE_METRIC
+            if kv_metric == defaults.DEFAULT_KV_CACHE_USAGE_METRIC
+            else ""
+        ),
+        lora_info=ns.loraInfoMetric,
+    )
+    config = ServerConfig(
+        pool_name=ns.poolName,
+        pool_namespace=ns.poolNamespace,
+        grpc_port=ns.grpcPort,
+        grpc_health_port=ns.grpcHealthPort,
+        metrics_port=ns.metricsPort,
+        bind_address=ns.bindAddress,
+        secure_serving=ns.secureServing,
+        cert_path=ns.certPath,
+        destination_endpoint_hint_key=ns.destinationEndpointHintKey,
+        destination_endpoint_hint_metadata_namespace=ns.DestinationEndpointHintMetadataNamespace,
+        refresh_prometheus_metrics_interval=ns.refreshPrometheusMetricsInterval,
+        kubeconfig=ns.kubeconfig,
+        scheduler=scheduler_config(environ, ns.metricsStalenessThreshold),
+        prober=ProberConfig(refresh_interval=ns.refreshMetricsInterval, metric_names=names),
+    )
+    return Flags(config=config, verbosity=ns.v)

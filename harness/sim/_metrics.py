@@ -1,0 +1,331 @@
+"""The simulator's ``/metrics`` page: real vLLM metric names on a per-instance registry.
+
+Gauges (queue, KV, LoRA) are computed at scrape time from the engine's state, with an optional
+override layer that tests pin; histograms and counters are observed as requests finish. The
+families, labels and bucket sets follow vLLM's V1 Prometheus logger, and the page carries the
+process/platform/GC collectors a real vLLM process exposes, so it is tens of KB as in production.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from harness.sim._config import DEFAULT_BUCKET_MODEL_LEN, SimConfig
+from harness.sim._engine import Engine, EngineState, Timings
+
+ENGINE_LABEL = "0"
+
+# Bucket sets of vLLM's V1 Prometheus stat logger.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's token-count buckets)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GaugeOverrides:
+    """Pinned gauge values; None leaves the real value in place."""
+
+    waiting: float | None = None
+    running: float | None = None
+    kv_cache: float | None = None
+    running_loras: tuple[str, ...] | None = None
+    waiting_loras: tuple[str, ...] | None = None
+    max_lora: int | None = None
+    # Unix time reported for the pinned vllm:lora_requests_info series.
+    lora_updated_at: float = 0.0
+
+    @property
+    def pins_loras(self) -> bool:
+        return self.running_loras is not None or self.waiting_loras is not None or self.max_lora is not None
+
+
+class _StateCollector(Collector):
+    """Scrape-time gauges from the engine state, overridden where a test pinned them."""
+
+    def __init__(self, sim_metrics: SimMetrics) -> None:
+        self._m = sim_metrics
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        cfg = self._m.config
+        state = self._m.engine.state()
+        ov = self._m.overrides
+        labels = ["model_name", "engine"]
+        values = [cfg.model, ENGINE_LABEL]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            _pick(ov.running, state.running),
+        )
+        yield gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            _pick(ov.waiting, state.waiting),
+        )
+        kv = _pick(ov.kv_cache, state.kv_cache_usage)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv)
+        yield gauge(
+            "vllm:gpu_cache_usage_perc",
+            "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: use vllm:kv_cache_usage_perc.",
+            kv,
+        )
+        yield self._lora_info(state, ov)
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=list(self._m.cache_config_labels),
+        )
+        info.add_metric(list(self._m.cache_config_labels.values()), 1.0)
+        yield info
+
+    def _lora_info(self, state: EngineState, ov: GaugeOverrides) -> GaugeMetricFamily:
+        cfg = self._m.config
+        family = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        if ov.pins_loras:
+            running = state.running_loras if ov.running_loras is None else ov.running_loras
+            waiting = state.waiting_loras if ov.waiting_loras is None else ov.waiting_loras
+            max_lora = cfg.max_loras if ov.max_lora is None else ov.max_lora
+            family.add_metric([str(max_lora), ",".join(waiting), ",".join(running)], ov.lora_updated_at)
+            return family
+        for running_s, waiting_s, ts in self._m.engine.lora_series():
+            family.add_metric([str(cfg.max_loras), waiting_s, running_s], ts)
+        return family
+
+
+def _pick(override: float | None, real: float) -> float:
+    return float(real) if override is None else float(override)
+
+
+class SimMetrics:
+    """All Prometheus families of one simulator instance, on its own registry."""
+
+    def __init__(self, config: SimConfig, engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+        # Two registries: scrape-time state (cheap) and the request histograms/counters, whose
+        # rendering (most of the page) is cached until the next observation.
+        self.live_registry = CollectorRegistry()
+        self.observed_registry = CollectorRegistry()
+        self._observed_cache: bytes | None = None
+        # Replaced as a whole (one reference swap), so a test thread can pin values safely.
+        self.overrides = GaugeOverrides()
+        self._lock = threading.Lock()
+        self.cache_config_labels = {
+            "block_size": str(config.block_size),
+            "cache_dtype": "auto",
+            "calculate_kv_scales": "False",
+            "cpu_offload_gb": "0",
+            "enable_prefix_caching": "True",
+            "gpu_memory_utilization": "0.9",
+            "is_attention_free": "False",
+            "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(config.num_gpu_blocks),
+            "num_gpu_blocks_override": "None",
+            "prefix_caching_hash_algo": "builtin",
+            "sliding_window": "None",
+            "swap_space": "4",
+            "swap_space_bytes": str(4 * 1024**3),
+        }
+        live = self.live_registry
+        self.live_registry.register(_StateCollector(self))
+        ProcessCollector(registry=live)
+        PlatformCollector(registry=live)
+        GCCollector(registry=live)
+        reg = self.observed_registry
+        labels = ("model_name", "engine")
+
+        token_buckets = build_1_2_5_buckets(config.max_model_len or DEFAULT_BUCKET_MODEL_LEN)
+
+        def counter(name: str, doc: str, extra: Sequence[str] = ()) -> Counter:
+            return Counter(name, doc, (*labels, *extra), registry=reg)
+
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, doc, labels, registry=reg, buckets=buckets)
+
+        self.num_preemptions = counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+        )
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self.request_success = counter(
+            "vllm:request_success", "Count of successfully processed requests.", ("finished_reason",)
+        )
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKEN_BUCKETS,
+        )
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+        )
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", token_buckets
+        )
+        self.request_max_num_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            token_buckets,
+        )
+        self.request_params_n = histogram(
+            "vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS
+        )
+        self.request_params_max_tokens = histogram(
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", token_buckets
+        )
+        self.time_to_first_token = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.time_per_output_token = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds. DEPRECATED: use "
+            "vllm:inter_token_latency_seconds.",
+            TPOT_BUCKETS,
+        )
+        self.inter_token_latency = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TPOT_BUCKETS
+        )
+        self.request_time_per_output_token = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            TPOT_BUCKETS,
+        )
+        self.e2e_request_latency = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_queue_time = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_decode_time = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        # vLLM creates every labelled child up front, so the page is full-size before traffic.
+        child = (config.model, ENGINE_LABEL)
+        for metric in (
+            self.num_preemptions, self.prompt_tokens, self.generation_tokens, self.prefix_cache_queries,
+            self.prefix_cache_hits, self.iteration_tokens, self.request_prompt_tokens,
+            self.request_generation_tokens, self.request_max_num_generation_tokens, self.request_params_n,
+            self.request_params_max_tokens, self.time_to_first_token, self.time_per_output_token,
+            self.inter_token_latency, self.request_time_per_output_token, self.e2e_request_latency,
+            self.request_queue_time, self.request_inference_time, self.request_prefill_time,
+            self.request_decode_time,
+        ):  # fmt: skip
+            metric.labels(*child)
+        for reason in ("stop", "length", "abort"):
+            self.request_success.labels(*child, reason)
+
+    def render(self) -> bytes:
+        if self._observed_cache is None:
+            self._observed_cache = generate_latest(self.observed_registry)
+        return generate_latest(self.live_registry) + self._observed_cache
+
+    def pin(self, update: Callable[[GaugeOverrides], GaugeOverrides]) -> None:
+        with self._lock:
+            self.overrides = update(self.overrides)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.overrides = GaugeOverrides()
+
+    def observe_arrival(self, prompt_tokens: int) -> None:
+        child = (self.config.model, ENGINE_LABEL)
+        self.prefix_cache_queries.labels(*child).inc(prompt_tokens)
+        self._observed_cache = None
+
+    def observe_finished(
+        self, *, prompt_tokens: int, generated: int, max_tokens: int, timings: Timings, reason: str
+    ) -> None:
+        child = (self.config.model, ENGINE_LABEL)
+        self._observed_cache = None
+        self.request_success.labels(*child, reason).inc()
+        self.prompt_tokens.labels(*child).inc(prompt_tokens)
+        self.generation_tokens.labels(*child).inc(generated)
+        if reason == "abort":  # latencies of aborted requests would only blur the histograms
+            return
+        # The simulator has no engine steps; the prefill step is the one it can report honestly.
+        self.iteration_tokens.labels(*child).observe(prompt_tokens)
+        self.request_prompt_tokens.labels(*child).observe(prompt_tokens)
+        self.request_generation_tokens.labels(*child).observe(generated)
+        self.request_max_num_generation_tokens.labels(*child).observe(max_tokens)
+        self.request_params_n.labels(*child).observe(1)
+        self.request_params_max_tokens.labels(*child).observe(max_tokens)
+        if generated > 0:
+            self.time_to_first_token.labels(*child).observe(timings.ttft_s)
+        for itl in timings.inter_token_s:
+            self.time_per_output_token.labels(*child).observe(itl)
+            self.inter_token_latency.labels(*child).observe(itl)
+        if generated > 1:
+            self.request_time_per_output_token.labels(*child).observe(timings.decode_s / (generated - 1))
+        self.e2e_request_latency.labels(*child).observe(timings.e2e_s)
+        self.request_queue_time.labels(*child).observe(timings.queue_s)
+        self.request_inference_time.labels(*child).observe(timings.prefill_s + timings.decode_s)
+        self.request_prefill_time.labels(*child).observe(timings.prefill_s)
+        self.request_decode_time.labels(*child).observe(timings.decode_s)

@@ -1,0 +1,347 @@
+"""``ModelServerSim``: the aiohttp server in front of the simulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from harness.sim import _openai as oai
+from harness.sim._config import DEFAULT_PORT, SimConfig
+from harness.sim._engine import Engine, EngineState, Run
+from harness.sim._metrics import GaugeOverrides, SimMetrics
+
+if TYPE_CHECKING:
+    from harness.sim._thread import SimThread
+
+SERVED_BY_HEADER = "x-served-by"
+# Large enough for multi-MiB prompts (aiohttp's default is 1 MiB).
+_CLIENT_MAX_SIZE = 64 * 1024 * 1024
+# How long stop() lets in-flight requests finish before cancelling them.
+_SHUTDOWN_TIMEOUT_S = 1.0
+_CROSS_THREAD_TIMEOUT_S = 10.0
+
+
+class ModelServerSim:
+    """An OpenAI-compatible vLLM stand-in on its own loopback address.
+
+    Use ``async with ModelServerSim(...)`` on a running loop, or ``sim.start_in_thread()`` from sync
+    code (returns a ``SimThread``; call ``.stop()``). ``set_gauges``/``clear_overrides``,
+    ``requests_by_model`` and ``state()`` are safe to call from any thread.
+    """
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, config: SimConfig | None = None
+    ) -> None:
+        self.config = config or SimConfig()
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self.engine = Engine(self.config)
+        self.metrics = SimMetrics(self.config, self.engine)
+        # Registered adapter names; replaced as a whole so other threads can swap it.
+        self._adapters: frozenset[str] = frozenset(self.config.lora_adapters)
+        self._counts_lock = threading.Lock()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._created = int(time.time())
+
+    # ---- addresses -------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        """The bound port (the requested one until started; the real one when port 0 was asked)."""
+        return self._port if self._port is not None else self._requested_port
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.address}"
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError(f"simulator {self.address} already started")
+        app = web.Application(client_max_size=_CLIENT_MAX_SIZE)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/load_lora_adapter", self._load_lora)
+        app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
+        app.on_response_prepare.append(self._add_served_by)
+        # handler_cancellation: a client that disconnects aborts its request and frees its slot, as in vLLM.
+        runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S, handler_cancellation=True
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self._requested_port, reuse_address=True)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._loop = asyncio.get_running_loop()
+        sockname = runner.addresses[0]
+        self._port = int(sockname[1])
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        self._loop = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def start_in_thread(self) -> SimThread:
+        """Serve from a background thread with its own event loop; ``.stop()`` joins it."""
+        from harness.sim._thread import SimThread
+
+        return SimThread(self).start()
+
+    # ---- test controls (any thread) -----------------------------------------------------------
+    def set_gauges(
+        self,
+        *,
+        waiting: float | None = None,
+        running: float | None = None,
+        kv_cache: float | None = None,
+        running_loras: Sequence[str] | None = None,
+        waiting_loras: Sequence[str] | None = None,
+        max_lora: int | None = None,
+    ) -> None:
+        """Pin reported gauge values over the real state; arguments left None keep earlier pins.
+
+        Pinning any LoRA field replaces the ``vllm:lora_requests_info`` history with one series
+        whose value (its update time) is the time of this call.
+        """
+
+        def update(old: GaugeOverrides) -> GaugeOverrides:
+            new = GaugeOverrides(
+                waiting=old.waiting if waiting is None else waiting,
+                running=old.running if running is None else running,
+                kv_cache=old.kv_cache if kv_cache is None else kv_cache,
+                running_loras=old.running_loras if running_loras is None else tuple(running_loras),
+                waiting_loras=old.waiting_loras if waiting_loras is None else tuple(waiting_loras),
+                max_lora=old.max_lora if max_lora is None else max_lora,
+                lora_updated_at=old.lora_updated_at,
+            )
+            if running_loras is not None or waiting_loras is not None or max_lora is not None:
+                new = dataclasses.replace(new, lora_updated_at=time.time())
+            return new
+
+        self.metrics.pin(update)
+
+    def clear_overrides(self) -> None:
+        self.metrics.clear()
+
+    @property
+    def requests_by_model(self) -> dict[str, int]:
+        """Requests accepted so far, by the model name they asked for (base or adapter)."""
+        with self._counts_lock:
+            return dict(self._counts)
+
+    def reset_counts(self) -> None:
+        with self._counts_lock:
+            self._counts.clear()
+
+    @property
+    def lora_adapters(self) -> frozenset[str]:
+        return self._adapters
+
+    def state(self) -> EngineState:
+        """The engine's real state (ignores overrides)."""
+        loop = self._loop
+        if loop is None or _on_loop(loop):
+            return self.engine.state()
+
+        async def read() -> EngineState:
+            return self.engine.state()
+
+        return asyncio.run_coroutine_threadsafe(read(), loop).result(_CROSS_THREAD_TIMEOUT_S)
+
+    def metrics_text(self) -> str:
+        """The ``/metrics`` page as a scrape would see it now."""
+        loop = self._loop
+        if loop is None or _on_loop(loop):
+            return self.metrics.render().decode()
+
+        async def render() -> bytes:
+            return self.metrics.render()
+
+        return asyncio.run_coroutine_threadsafe(render(), loop).result(_CROSS_THREAD_TIMEOUT_S).decode()
+
+    # ---- handlers ----------------------------------------------------------------------------
+    async def _add_served_by(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[SERVED_BY_HEADER] = self.address
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        cfg = self.config
+        cards = [
+            oai.model_card(
+                cfg.model, root=cfg.model, parent=None, created=self._created, max_model_len=cfg.max_model_len
+            )
+        ]
+        for name in sorted(self._adapters):
+            cards.append(
+                oai.model_card(
+                    name,
+                    root=f"/adapters/{name}",
+                    parent=cfg.model,
+                    created=self._created,
+                    max_model_len=None,
+                )
+            )
+        return web.json_response({"object": "list", "data": cards})
+
+    async def _load_lora(self, request: web.Request) -> web.Response:
+        try:
+            name = _lora_name(await _read_json(request))
+            if name in self._adapters or name == self.config.model:
+                raise oai.bad_request(f"The lora adapter '{name}' has already been loaded.")
+        except oai.OpenAIError as err:
+            return _error_response(err)
+        self._adapters = self._adapters | {name}
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_lora(self, request: web.Request) -> web.Response:
+        try:
+            name = _lora_name(await _read_json(request))
+            if name not in self._adapters:
+                raise oai.OpenAIError(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.")
+        except oai.OpenAIError as err:
+            return _error_response(err)
+        self._adapters = self._adapters - {name}
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: web.Request, kind: oai.Kind) -> web.StreamResponse:
+        cfg = self.config
+        try:
+            parsed = oai.parse_request(kind, await _read_json(request))
+            model = cfg.model if parsed.model is None else parsed.model  # vLLM's default model
+            if model != cfg.model and model not in self._adapters:
+                raise oai.model_not_found(model)
+            max_tokens = parsed.max_tokens or cfg.default_max_tokens
+            if cfg.max_model_len is not None and parsed.prompt_tokens + max_tokens > cfg.max_model_len:
+                raise oai.bad_request(
+                    f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                    f"requested {parsed.prompt_tokens + max_tokens} tokens ({parsed.prompt_tokens} in the "
+                    f"messages, {max_tokens} in the completion). Please reduce the length of the messages "
+                    "or completion."
+                )
+        except oai.OpenAIError as err:
+            return _error_response(err)
+
+        with self._counts_lock:
+            self._counts[model] += 1
+        self.metrics.observe_arrival(parsed.prompt_tokens)
+        lora = None if model == cfg.model else model
+        run = self.engine.submit(lora=lora, prompt_tokens=parsed.prompt_tokens, max_tokens=max_tokens)
+        ids = oai.ResponseIds.new(kind, model)
+        finished = False
+        try:
+            await run.wait_admitted()
+            if parsed.stream:
+                response, finished = await self._stream(request, run, parsed, ids)
+                return response
+            text: list[str] = []
+            while (index := await run.next_token()) is not None:
+                text.append(oai.token_text(index))
+            finished = True
+            body = oai.full_response(kind, ids, "".join(text), parsed.prompt_tokens, run.generated, "length")
+            return web.json_response(body)
+        finally:
+            run.close()
+            self.metrics.observe_finished(
+                prompt_tokens=parsed.prompt_tokens,
+                generated=run.generated,
+                max_tokens=max_tokens,
+                timings=run.timings(),
+                reason="length" if finished else "abort",
+            )
+
+    async def _stream(
+        self, request: web.Request, run: Run, parsed: oai.ParsedRequest, ids: oai.ResponseIds
+    ) -> tuple[web.StreamResponse, bool]:
+        kind = parsed.kind
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        try:
+            if kind == "chat":
+                await _send(response, oai.chunk(kind, ids, None, None))
+            while (index := await run.next_token()) is not None:
+                last = run.generated >= run.max_tokens
+                await _send(response, oai.chunk(kind, ids, oai.token_text(index), "length" if last else None))
+            if parsed.include_usage:
+                await _send(response, oai.usage_chunk(kind, ids, parsed.prompt_tokens, run.generated))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:  # the client went away
+            return response, False
+        return response, True
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+async def _read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except ValueError as err:
+        raise oai.bad_request(f"Malformed JSON in the request body: {err}") from err
+
+
+def _lora_name(body: object) -> str:
+    name = body.get("lora_name") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise oai.bad_request("`lora_name` must be a non-empty string.")
+    return name
+
+
+def _error_response(err: oai.OpenAIError) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")

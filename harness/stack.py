@@ -1,0 +1,161 @@
+"""The whole system as a user runs it: API server objects, simulated pods, the EPP process, Envoy.
+
+`Stack` is what the e2e tests, `harness demo` and `harness up --with-epp` stand up. Pods, pool and
+models go through the API server (via `TestBed`'s cluster methods); the EPP runs as its own process
+with a kubeconfig, exactly as in a cluster; clients talk to Envoy's listener only.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from harness.controlplane import ClusterAccess
+from harness.envoy import Envoy, EnvoyOptions
+from harness.epp_process import EppProcess
+from harness.eventually import eventually
+from harness.sim import SimConfig
+from harness.testbed import TestBed
+
+BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One InferenceModel: what clients ask for, and what it resolves to."""
+
+    name: str
+    model_name: str
+    criticality: str | None = None
+    targets: tuple[tuple[str, int | None], ...] = ()
+
+
+# The sample a newcomer sees: a weighted split across two LoRA adapters, a LoRA target, a
+# sheddable model, and the base model served directly.
+DEMO_MODELS: tuple[ModelSpec, ...] = (
+    ModelSpec("food-review", "food-review", "Critical", (("food-review-1", 70), ("food-review-2", 30))),
+    ModelSpec("sql-lora", "sql-lora", "Critical", (("sql-lora-v1", None),)),
+    ModelSpec("summaries-batch", "summaries-batch", "Sheddable", ((BASE_MODEL, None),)),
+    ModelSpec("llama", BASE_MODEL, "Standard"),
+)
+DEMO_ADAPTERS = ("food-review-1", "food-review-2", "sql-lora-v1")
+
+
+@dataclass
+class StackOptions:
+    namespace: str
+    pool_name: str = "vllm-pool"
+    pods: int = 4
+    models: Sequence[ModelSpec] = DEMO_MODELS
+    sim_config: SimConfig = field(
+        default_factory=lambda: SimConfig(
+            model=BASE_MODEL, lora_adapters=DEMO_ADAPTERS, max_loras=2, max_num_seqs=8, time_scale=0.05
+        )
+    )
+    envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
+    epp_args: Sequence[str] = ()
+
+
+class Stack:
+    """Start in dependency order; stop in reverse. Usable as a context manager."""
+
+    def __init__(self, access: ClusterAccess, options: StackOptions) -> None:
+        self.access = access
+        self.options = options
+        self._api: client.ApiClient | None = None
+        self.bed: TestBed | None = None
+        self.epp: EppProcess | None = None
+        self.envoy: Envoy | None = None
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        opts = self.options
+        self._api = self.access.api_client()
+        _ensure_namespace(self._api, opts.namespace)
+        self.bed = TestBed(
+            self._api, opts.namespace, self.access.kubeconfig_path, pool_name=opts.pool_name,
+            sim_config=opts.sim_config,
+        )  # fmt: skip
+        self.bed.apply_pool()
+        for model in opts.models:
+            self.bed.apply_model(
+                model.name, model.model_name, criticality=model.criticality, targets=model.targets
+            )
+        for i in range(opts.pods):
+            self.bed.add_pod(f"{opts.pool_name}-{i}")
+        self.epp = EppProcess(
+            opts.pool_name, opts.namespace, self.access.kubeconfig_path, extra_args=list(opts.epp_args)
+        )
+        self.epp.start()
+        self.epp.wait_serving()
+        self.wait_pods_scraped(opts.pods)
+        self.envoy = Envoy(self.epp.ext_proc_address, options=opts.envoy)
+        self.envoy.start()
+
+    def stop(self) -> None:
+        try:
+            if self.envoy is not None:
+                self.envoy.stop()
+                self.envoy = None
+        finally:
+            try:
+                if self.epp is not None:
+                    self.epp.close()
+                    self.epp = None
+            finally:
+                if self.bed is not None:
+                    self.bed.close()
+                    self.bed = None
+                if self._api is not None:
+                    self._api.close()  # type: ignore[no-untyped-call]
+                    self._api = None
+
+    def __enter__(self) -> Stack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ reading the system
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL clients use (Envoy's listener)."""
+        assert self.envoy is not None
+        return f"{self.envoy.base_url}/v1"
+
+    def datastore_view(self) -> dict[str, Any]:
+        assert self.epp is not None
+        with urllib.request.urlopen(f"{self.epp.metrics_url}/debug/datastore", timeout=5) as resp:
+            data: dict[str, Any] = json.load(resp)
+            return data
+
+    def wait_pods_scraped(self, count: int, timeout: float = 30.0) -> None:
+        """Until the EPP holds `count` pods, each with fresh metrics (routing decisions are real)."""
+
+        def scraped() -> None:
+            pods = self.datastore_view().get("pods") or []
+            fresh = [p for p in pods if p.get("metricsAgeSeconds") is not None]
+            assert len(fresh) == count, f"{len(fresh)}/{count} pods scraped"
+
+        eventually(scraped, timeout=timeout, message="EPP scraped every pod")
+
+
+def _ensure_namespace(api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise

@@ -1,0 +1,111 @@
+"""Small helpers shared by the e2e tests: real OpenAI clients on a Stack, and reading where requests went."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import openai
+
+from harness.eventually import eventually
+from harness.sim import SERVED_BY_HEADER
+from harness.stack import Stack
+from harness.testbed import TestBed
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+POD_PORT = 8000
+# Long enough for a 2 MiB prompt on a loaded 2-core box; tests never assert on durations.
+CLIENT_TIMEOUT_S = 60.0
+
+
+@contextlib.contextmanager
+def openai_client(stack: Stack, **options: Any) -> Iterator[openai.OpenAI]:
+    """An OpenAI client on the Stack's Envoy. No retries: every status the test sees is the first one."""
+    options.setdefault("max_retries", 0)
+    options.setdefault("timeout", CLIENT_TIMEOUT_S)
+    client = openai.OpenAI(base_url=stack.base_url, api_key="unused", **options)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def error_text(err: openai.APIStatusError) -> str:
+    """What the client can read about an error: the OpenAI-style ``error.message``, else the raw body."""
+    body = err.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        message = inner.get("message") if isinstance(inner, dict) else None
+        return message if isinstance(message, str) else str(body)
+    return body if isinstance(body, str) else ""
+
+
+def endpoint(stack: Stack, pod: str) -> str:
+    """``ip:port`` of a simulated pod, as Envoy's access log and the EPP's pick spell it."""
+    return f"{bed(stack).pods[pod].ip}:{POD_PORT}"
+
+
+def served_by(headers: Any) -> str:
+    """The simulator that answered (``x-served-by``), from an httpx-style headers mapping."""
+    value = headers.get(SERVED_BY_HEADER)
+    assert value, f"no {SERVED_BY_HEADER} header: the response did not come from a simulator"
+    return str(value)
+
+
+def bed(stack: Stack) -> TestBed:
+    assert stack.bed is not None, "the Stack is not started"
+    return stack.bed
+
+
+def wait_routable(stack: Stack, pods: Sequence[str], timeout: float = 15.0) -> None:
+    """Until the EPP's datastore holds exactly ``pods``, each with metrics scraped."""
+
+    def check() -> None:
+        view = stack.datastore_view().get("pods") or []
+        assert sorted(p["name"] for p in view) == sorted(pods), f"EPP holds {[p['name'] for p in view]}"
+        unscraped = [p["name"] for p in view if p.get("metricsAgeSeconds") is None]
+        assert not unscraped, f"not scraped yet: {unscraped}"
+
+    eventually(check, timeout=timeout, message=f"EPP routes to exactly {sorted(pods)}")
+
+
+def settled_access_log(stack: Stack, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The access log once it holds every request Envoy has completed (Envoy flushes every 100 ms)."""
+
+    def settled() -> list[dict[str, Any]]:
+        assert stack.envoy is not None
+        completed = envoy_counter(stack, "http.ingress.downstream_rq_completed")
+        log = stack.envoy.access_log()
+        assert len(log) == completed, f"{len(log)} access-log entries for {completed} completed requests"
+        return log
+
+    return eventually(settled, timeout=timeout, message="Envoy flushed the access log")
+
+
+def access_log_since(stack: Stack, start: int) -> list[dict[str, Any]]:
+    """Entries of requests completed after the log held ``start`` entries (see ``settled_access_log``)."""
+    return settled_access_log(stack)[start:]
+
+
+def envoy_counter(stack: Stack, name: str) -> int:
+    assert stack.envoy is not None
+    pattern = urllib.parse.quote(f"^{re.escape(name)}$")
+    url = f"{stack.envoy.admin_url}/stats?format=json&filter={pattern}"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        stats = json.load(resp)["stats"]
+    [value] = [s["value"] for s in stats if s.get("name") == name]
+    return int(value)
+
+
+def requests_by_model(stack: Stack) -> dict[str, dict[str, int]]:
+    """Per pod name: what its simulator accepted, by requested model name (base or adapter)."""
+    return {name: dict(pod.sim(POD_PORT).requests_by_model) for name, pod in bed(stack).pods.items()}
+
+
+def total_requests(stack: Stack) -> int:
+    return sum(sum(counts.values()) for counts in requests_by_model(stack).values())

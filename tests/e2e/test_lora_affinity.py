@@ -1,0 +1,79 @@
+"""LoRA affinity as the simulators see it: requests for an adapter concentrate on the pod running it.
+
+What the scheduler promises (soft affinity, threshold 0.999): while queues are low, a request for an
+adapter goes to a pod that reports the adapter running or waiting, and only with probability 0.001 to
+a pod that merely has a free adapter slot. So the test makes one pod run the adapter for real (a
+streamed request that is kept open), waits until the EPP has scraped that, and counts where the next
+requests for the adapter land, allowing a few strays for the 0.1%.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from harness.eventually import eventually
+from harness.sim import SimConfig
+from harness.stack import BASE_MODEL, DEMO_ADAPTERS
+from harness.stack_fixtures import StackFactory
+
+from .support import bed, endpoint, openai_client, requests_by_model, served_by
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "sql-lora"
+ADAPTER = "sql-lora-v1"
+REQUESTS = 100
+# P(more than 3 of 100 strays at p = 0.001) is about 4e-6.
+MAX_STRAYS = 3
+# The held request never finishes by itself (about 40 simulated minutes at time_scale 0.2) ...
+HELD_MAX_TOKENS = 1_000_000
+# ... and a KV cache big enough that holding it leaves room for everything else.
+SIM = SimConfig(
+    model=BASE_MODEL,
+    lora_adapters=DEMO_ADAPTERS,
+    max_loras=2,
+    num_gpu_blocks=1_000_000,
+    time_scale=0.2,
+)
+
+
+def test_adapter_requests_concentrate_on_the_pod_running_it(stack_factory: StackFactory) -> None:
+    stack = stack_factory(pods=4, sim_config=SIM)
+    testbed = bed(stack)
+    address_to_pod = {endpoint(stack, name): name for name in testbed.pods}
+
+    with openai_client(stack) as client:
+        held = client.completions.create(
+            model=MODEL, prompt="a long job", max_tokens=HELD_MAX_TOKENS, stream=True
+        )
+        with held:
+            next(iter(held))  # admitted and generating: the adapter is running on that pod
+            runner = address_to_pod[served_by(held.response.headers)]
+
+            def epp_sees_adapter_on_runner_only() -> None:
+                pods = {p["name"]: p["metrics"] for p in stack.datastore_view()["pods"]}
+                with_adapter = sorted(n for n, m in pods.items() if ADAPTER in m["activeModels"])
+                assert with_adapter == [runner], f"EPP sees {ADAPTER} running on {with_adapter}"
+
+            eventually(epp_sees_adapter_on_runner_only, message="the EPP scraped the running adapter")
+            before = requests_by_model(stack)
+            landed = Counter(
+                address_to_pod[
+                    served_by(
+                        client.completions.with_raw_response.create(
+                            model=MODEL, prompt="select 1", max_tokens=1
+                        ).headers
+                    )
+                ]
+                for _ in range(REQUESTS)
+            )
+            after = requests_by_model(stack)
+            runner_state = testbed.pods[runner].sim(8000).state()
+
+    assert landed[runner] >= REQUESTS - MAX_STRAYS, f"requests per pod: {dict(landed)}"
+    # The simulators agree: the runner got them, as the adapter, with the adapter loaded.
+    assert after[runner].get(ADAPTER, 0) - before[runner].get(ADAPTER, 0) == landed[runner]
+    assert ADAPTER in runner_state.loaded_loras
+    assert runner_state.running >= 1, "the held request still runs"

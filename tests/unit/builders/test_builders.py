@@ -1,0 +1,181 @@
+"""harness.builders: the API-JSON shapes they produce, and that the EPP's parsers read them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from epp.api.types import Criticality, InferenceModel, InferencePool, NamespacedName, PodObject, TargetModel
+from harness.builders import HOLD_FINALIZER, ModelBuilder, PodBuilder, PoolBuilder, rfc3339
+
+T0 = datetime(2025, 3, 13, 12, 0, 5, 999_000, tzinfo=UTC)
+
+
+def test_pod_without_status_is_a_minimal_valid_pod() -> None:
+    pod = PodBuilder("p1").build()
+
+    assert pod == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p1", "namespace": "default"},
+        "spec": {"containers": [{"name": "sim", "image": "sim"}]},
+    }
+
+
+def test_ready_pod_carries_ip_phase_and_ready_conditions() -> None:
+    builder = PodBuilder("p1").namespace("ns").labels(app="x").ready("127.0.0.5", at=T0)
+
+    pod = builder.build()
+
+    status = pod["status"]
+    assert status["phase"] == "Running"
+    assert status["podIP"] == "127.0.0.5"
+    assert status["podIPs"] == [{"ip": "127.0.0.5"}]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"] == {
+        "type": "Ready",
+        "status": "True",
+        "lastTransitionTime": "2025-03-13T12:00:05Z",
+    }
+    assert conditions["ContainersReady"]["status"] == "True"
+    assert status["containerStatuses"][0]["ready"] is True
+    assert builder.ip == "127.0.0.5"
+    assert builder.is_ready
+    assert builder.status_dict() == status
+
+
+def test_unready_pod_keeps_its_ip() -> None:
+    builder = PodBuilder("p1").unready("127.0.0.5")
+
+    status = builder.build()["status"]
+
+    assert status["podIP"] == "127.0.0.5"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
+    assert not builder.is_ready
+
+
+def test_deleting_pod_has_deletion_timestamp_held_by_a_finalizer() -> None:
+    pod = PodBuilder("p1").ready("127.0.0.5").deleting(at=T0).build()
+
+    assert pod["metadata"]["deletionTimestamp"] == "2025-03-13T12:00:05Z"
+    assert pod["metadata"]["finalizers"] == [HOLD_FINALIZER]
+
+
+def test_deleting_keeps_existing_finalizers_only() -> None:
+    pod = PodBuilder("p1").finalizers("example.com/x").deleting(at=T0).build()
+
+    assert pod["metadata"]["finalizers"] == ["example.com/x"]
+
+
+@pytest.mark.parametrize(
+    ("moment", "text"),
+    [
+        pytest.param(datetime(2025, 1, 2, 3, 4, 5), "2025-01-02T03:04:05Z", id="naive-is-utc"),
+        pytest.param(
+            datetime(2025, 1, 2, 3, 4, 5, 600_000, tzinfo=UTC), "2025-01-02T03:04:05Z", id="seconds-only"
+        ),
+        pytest.param(
+            datetime(2025, 1, 2, 5, 4, 5, tzinfo=timezone(timedelta(hours=2))),
+            "2025-01-02T03:04:05Z",
+            id="converted-to-utc",
+        ),
+    ],
+)
+def test_rfc3339(moment: datetime, text: str) -> None:
+    assert rfc3339(moment) == text
+
+
+def test_labels_accept_mapping_and_keywords_and_accumulate() -> None:
+    pod = PodBuilder("p1").labels({"app.kubernetes.io/name": "vllm"}, tier="a").labels(labels="x").build()
+
+    assert pod["metadata"]["labels"] == {"app.kubernetes.io/name": "vllm", "tier": "a", "labels": "x"}
+
+
+def test_build_returns_independent_copies() -> None:
+    builder = ModelBuilder("m").model_name("llama").pool("pool").target("a", weight=1)
+
+    first = builder.build()
+    first["spec"]["targetModels"].append({"name": "b"})
+    first["metadata"]["name"] = "changed"
+
+    assert builder.build()["spec"]["targetModels"] == [{"name": "a", "weight": 1}]
+    assert builder.build()["metadata"]["name"] == "m"
+
+
+def test_pool_builder_emits_only_what_was_set() -> None:
+    assert PoolBuilder("pool").build() == {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": "InferencePool",
+        "metadata": {"name": "pool", "namespace": "default"},
+        "spec": {},
+    }
+    full = PoolBuilder("pool").namespace("ns").selector(app="x").port(8000)
+    full.extension_ref("epp", port=9002, failure_mode="FailOpen", kind="Service", group="")
+    assert full.build()["spec"] == {
+        "selector": {"app": "x"},
+        "targetPortNumber": 8000,
+        "extensionRef": {
+            "name": "epp",
+            "group": "",
+            "kind": "Service",
+            "portNumber": 9002,
+            "failureMode": "FailOpen",
+        },
+    }
+
+
+def test_model_builder_shape() -> None:
+    model = (
+        ModelBuilder("m")
+        .namespace("ns")
+        .model_name("llama")
+        .criticality("Critical")
+        .pool("pool")
+        .target("lora-a", weight=50)
+        .target("lora-b", weight=50)
+        .created_at(T0)
+        .build()
+    )
+
+    assert model["metadata"] == {"name": "m", "namespace": "ns", "creationTimestamp": "2025-03-13T12:00:05Z"}
+    assert model["spec"] == {
+        "modelName": "llama",
+        "criticality": "Critical",
+        "poolRef": {"name": "pool"},
+        "targetModels": [{"name": "lora-a", "weight": 50}, {"name": "lora-b", "weight": 50}],
+    }
+
+
+def test_epp_parses_builder_objects() -> None:
+    pool = InferencePool.from_api(PoolBuilder("pool").namespace("ns").selector(app="x").port(8000).build())
+    model = InferenceModel.from_api(
+        ModelBuilder("m").namespace("ns").model_name("llama").criticality("Sheddable").pool("pool")
+        .target("lora-a", weight=3).created_at(T0).build()
+    )  # fmt: skip
+    pod = PodObject.from_api(
+        PodBuilder("p1").namespace("ns").labels(app="x").ready("127.0.0.5").deleting().build()
+    )
+
+    assert pool.key == NamespacedName("ns", "pool")
+    assert pool.target_port == 8000
+    assert pool.matches({"app": "x"})
+    assert model.model_name == "llama"
+    assert model.pool_name == "pool"
+    assert model.criticality is Criticality.SHEDDABLE
+    assert model.target_models == (TargetModel("lora-a", 3),)
+    assert model.created == T0.replace(microsecond=0)
+    assert pod.pod_ip == "127.0.0.5"
+    assert pod.ready
+    assert pod.deleting
+    assert not pod.routable
+
+
+def test_builders_do_not_import_the_kubernetes_client() -> None:
+    code = "import sys, harness.builders; sys.exit(any(m.split('.')[0] == 'kubernetes' for m in sys.modules))"
+
+    result = subprocess.run([sys.executable, "-c", code], check=False, timeout=60)
+
+    assert result.returncode == 0, "harness.builders must stay free of kubernetes-client imports"

@@ -1,0 +1,210 @@
+"""A real Envoy with the generated bootstrap, two simulators and a tiny fake ext_proc service (no EPP).
+
+The fake answers every request body with dynamic metadata ``envoy.lb`` →
+``x-gateway-destination-endpoint: <the second simulator>``, as the EPP does. Envoy's start and stop
+block the event loop briefly; nothing on the loop needs to run meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import struct_pb2
+
+from harness.addresses import AddressPool
+from harness.binaries import envoy_path
+from harness.certs import TinyCA
+from harness.envoy import DESTINATION_HEADER, Envoy, EnvoyOptions, bootstrap_json, build_bootstrap
+from harness.eventually import eventually_async
+from harness.ports import reserve_port
+from harness.process import ProcessStartError
+from harness.sim import SERVED_BY_HEADER, ModelServerSim, SimConfig
+
+pytestmark = pytest.mark.anyio
+
+SIM_CONFIG = SimConfig(model="base", time_scale=0.001)
+TWO_MIB = 2 * 1024 * 1024
+GRPC_MAX_MESSAGE = 32 * 1024 * 1024  # the EPP raises grpcio's 4 MiB default the same way
+
+
+class FakePicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Routes every request to one fixed destination via dynamic metadata; records what it saw."""
+
+    def __init__(self) -> None:
+        self.destination = ""  # host:port, set once the target simulator listens
+        self.request_body_sizes: list[int] = []
+        self.response_body_chunks = 0
+
+    async def Process(
+        self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        async for request in requests:
+            kind = request.WhichOneof("request")
+            if kind == "request_headers":
+                yield pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+            elif kind == "request_body":
+                self.request_body_sizes.append(len(request.request_body.body))
+                metadata = struct_pb2.Struct()
+                metadata.update({"envoy.lb": {DESTINATION_HEADER: self.destination}})
+                yield pb.ProcessingResponse(request_body=pb.BodyResponse(), dynamic_metadata=metadata)
+            elif kind == "response_body":
+                self.response_body_chunks += 1
+                yield pb.ProcessingResponse(response_body=pb.BodyResponse())
+            else:
+                raise AssertionError(f"unexpected ext_proc message {kind}")
+
+
+@contextlib.asynccontextmanager
+async def fake_ext_proc(picker: FakePicker) -> AsyncIterator[str]:
+    """The picker on grpc.aio over TLS (a throw-away certificate) at 127.0.0.1:<free port>."""
+    pair = TinyCA().issue_serving(dns_names=["localhost"], ips=["127.0.0.1"])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+        ]
+    )
+    pb_grpc.add_ExternalProcessorServicer_to_server(picker, server)
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(pair.key_pem, pair.cert_pem)]))
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(grace=None)
+
+
+@pytest.fixture
+def pool() -> Iterator[AddressPool]:
+    with AddressPool() as addresses:
+        yield addresses
+
+
+@contextlib.asynccontextmanager
+async def two_sims(pool: AddressPool) -> AsyncIterator[tuple[ModelServerSim, ModelServerSim]]:
+    async with (
+        ModelServerSim(pool.acquire(), config=SIM_CONFIG) as decoy,
+        ModelServerSim(pool.acquire(), config=SIM_CONFIG) as target,
+    ):
+        yield decoy, target
+
+
+async def complete(
+    http: aiohttp.ClientSession, envoy: Envoy, prompt: str = "hello", headers: dict[str, str] | None = None
+) -> tuple[int, str | None, Any]:
+    # A file-like body: aiohttp warns about multi-MiB bytes bodies.
+    body = io.BytesIO(json.dumps({"model": "base", "prompt": prompt, "max_tokens": 3}).encode())
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    async with http.post(f"{envoy.base_url}/v1/completions", data=body, headers=headers) as response:
+        text = await response.text()
+        return response.status, response.headers.get(SERVED_BY_HEADER), text
+
+
+@pytest.mark.parametrize("mode", ["NONE", "STREAMED"])
+def test_envoy_accepts_the_bootstrap(tmp_path: Path, mode: str) -> None:
+    bootstrap = build_bootstrap(
+        listener_port=18080,
+        admin_port=19901,
+        ext_proc_host="127.0.0.1",
+        ext_proc_port=9002,
+        access_log_path=tmp_path / "access.log",
+        options=EnvoyOptions(response_body_mode=mode),  # type: ignore[arg-type]
+    )
+    config = tmp_path / "bootstrap.json"
+    config.write_text(bootstrap_json(bootstrap))
+    with reserve_port() as base_id:  # validate mode still claims hot-restart resources
+        result = subprocess.run(
+            [str(envoy_path()), "--mode", "validate", "-c", str(config), "--base-id", str(base_id.port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    clusters = {c["name"]: c for c in json.loads(config.read_text())["staticResources"]["clusters"]}
+    assert clusters["model_servers"]["originalDstLbConfig"] == {
+        "metadataKey": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}
+    }
+    assert "useHttpHeader" not in clusters["model_servers"]["originalDstLbConfig"]
+
+
+async def test_routes_by_metadata_and_ignores_a_client_destination_header(pool: AddressPool) -> None:
+    picker = FakePicker()
+    async with two_sims(pool) as (decoy, target), fake_ext_proc(picker) as ext_proc:
+        picker.destination = target.address
+        with Envoy(ext_proc) as envoy:
+            async with aiohttp.ClientSession() as http:
+                steer = {DESTINATION_HEADER: decoy.address}
+                status, served_by, _ = await complete(http, envoy, headers=steer)
+                assert (status, served_by) == (200, target.address)
+                status, served_by, _ = await complete(http, envoy)
+                assert (status, served_by) == (200, target.address)
+            assert decoy.requests_by_model == {}
+            assert target.requests_by_model == {"base": 2}
+
+            async def logged() -> None:
+                entries = envoy.access_log()
+                assert len(entries) == 2
+                assert {e["upstream_host"] for e in entries} == {target.address}
+                assert {e["destination_metadata"] for e in entries} == {target.address}
+
+            await eventually_async(logged)
+
+
+async def test_a_two_mib_prompt_is_buffered_and_routed(pool: AddressPool) -> None:
+    picker = FakePicker()
+    async with two_sims(pool) as (_, target), fake_ext_proc(picker) as ext_proc:
+        picker.destination = target.address
+        with Envoy(ext_proc) as envoy:
+            async with aiohttp.ClientSession() as http:
+                status, served_by, text = await complete(http, envoy, prompt="x" * TWO_MIB)
+    assert (status, served_by) == (200, target.address), text
+    assert picker.request_body_sizes
+    assert picker.request_body_sizes[0] > TWO_MIB
+    assert json.loads(text)["usage"]["prompt_tokens"] == TWO_MIB // 4
+
+
+async def test_streamed_response_mode_passes_sse_through_the_processor(pool: AddressPool) -> None:
+    picker = FakePicker()
+    async with two_sims(pool) as (_, target), fake_ext_proc(picker) as ext_proc:
+        picker.destination = target.address
+        with Envoy(ext_proc, options=EnvoyOptions(response_body_mode="STREAMED")) as envoy:
+            body = {"model": "base", "prompt": "hi", "max_tokens": 3, "stream": True}
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(f"{envoy.base_url}/v1/completions", json=body) as response,
+            ):
+                assert response.status == 200
+                assert response.headers[SERVED_BY_HEADER] == target.address
+                raw = (await response.read()).decode()
+    assert raw.rstrip().endswith("data: [DONE]")
+    assert picker.response_body_chunks >= 1
+
+
+async def test_fails_closed_when_ext_proc_is_down(pool: AddressPool) -> None:
+    async with two_sims(pool) as (decoy, target):
+        with reserve_port() as nobody_listens, Envoy(f"127.0.0.1:{nobody_listens.port}") as envoy:
+            async with aiohttp.ClientSession() as http:
+                status, _, _ = await complete(http, envoy, headers={DESTINATION_HEADER: decoy.address})
+        assert 500 <= status < 600
+        assert decoy.requests_by_model == {}
+        assert target.requests_by_model == {}
+
+
+def test_start_failure_raises_with_the_log_tail() -> None:
+    with reserve_port() as port:
+        envoy = Envoy("127.0.0.1:9", port=port.port, admin_port=port.port)  # both on one port: cannot bind
+        with pytest.raises(ProcessStartError, match="exited during start") as info:
+            envoy.start()
+    assert "Address already in use" in info.value.log_tail or "cannot bind" in info.value.log_tail
+    assert not envoy.running

@@ -1,0 +1,242 @@
+"""Shared pieces of the handler tests: a seeded datastore, a scripted scheduler, a live servicer.
+
+The servicer runs on a real grpc.aio server bound to 127.0.0.1:0 and is driven through a real
+grpc.aio channel with `ProcessingRequest` messages, exactly as Envoy drives it. State is seeded
+with the datastore's public Protocol methods (allowed in tests/unit).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import json_format
+from prometheus_client import CollectorRegistry
+
+from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.datastore import Datastore, PodMetrics, new_datastore
+from epp.errors import EppError
+from epp.handlers import ExtProcServicer, PodScheduler
+from epp.metrics import RequestMetrics
+from epp.scheduling import LLMRequest
+from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
+
+DEST = "x-gateway-destination-endpoint"
+NS = "default"
+POOL_PORT = 8000
+
+
+class ScriptedScheduler:
+    """Picks the pod named `pick` (else the first) or raises `error`; records every request."""
+
+    def __init__(self) -> None:
+        self.pick: str | None = None
+        self.error: BaseException | None = None
+        self.requests: list[LLMRequest] = []
+
+    def schedule(self, request: LLMRequest, pods: Sequence[PodMetrics]) -> PodMetrics:
+        self.requests.append(request)
+        if self.error is not None:
+            # A fresh exception each time: a stored one would keep its traceback's frames (and with
+            # them the gRPC server) alive in a reference cycle after the test.
+            raise type(self.error)(*self.error.args)
+        for pod in pods:
+            if pod.pod.key.name == self.pick:
+                return pod
+        return pods[0]
+
+
+_typed: PodScheduler = ScriptedScheduler()
+
+
+@dataclass
+class Env:
+    datastore: Datastore = field(default_factory=new_datastore)
+    scheduler: ScriptedScheduler = field(default_factory=ScriptedScheduler)
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+    metadata_namespace: str = "envoy.lb"
+    # Every reading advances the clock a little, so durations are positive and deterministic.
+    clock_value: float = 1000.0
+    clock_step: float = 0.25
+    _servicer: ExtProcServicer | None = None
+
+    def servicer(self) -> ExtProcServicer:
+        """One servicer per Env (its metrics register once on the registry)."""
+        if self._servicer is None:
+            self._servicer = self._build()
+        return self._servicer
+
+    def _build(self) -> ExtProcServicer:
+        return ExtProcServicer(
+            self.datastore,
+            self.scheduler,
+            RequestMetrics(self.registry),
+            destination_header_key=DEST,
+            metadata_namespace=self.metadata_namespace,
+            rng=self.rng,
+            clock=self._tick,
+        )
+
+    def _tick(self) -> float:
+        self.clock_value += self.clock_step
+        return self.clock_value
+
+    # --- seeding through the public Protocol -----------------------------------------------------
+    def pool(self, port: int = POOL_PORT) -> Env:
+        self.datastore.pool_set(
+            InferencePool.from_api(PoolBuilder("pool").namespace(NS).selector(app="vllm").port(port).build())
+        )
+        return self
+
+    def model(self, name: str, *targets: tuple[str, int | None], criticality: str | None = None) -> Env:
+        builder = ModelBuilder(f"obj-{name}").namespace(NS).model_name(name).pool("pool")
+        if criticality:
+            builder = builder.criticality(criticality)
+        for target, weight in targets:
+            builder = builder.target(target, weight=weight)
+        self.datastore.model_set_if_older(InferenceModel.from_api(builder.build()))
+        return self
+
+    def pod(self, name: str, ip: str) -> Env:
+        obj = PodBuilder(name).namespace(NS).labels(app="vllm").ready(ip).build()
+        self.datastore.pod_update_or_add(PodObject.from_api(obj))
+        return self
+
+    def sample(self, name: str, labels: Mapping[str, str]) -> float | None:
+        return self.registry.get_sample_value(name, dict(labels))
+
+
+# --- messages ----------------------------------------------------------------------------------
+def headers(
+    hdrs: Mapping[str, str] | None = None, *, eos: bool = False, response: bool = False
+) -> pb.ProcessingRequest:
+    if hdrs is None:
+        hdrs = {":method": "POST", ":path": "/v1/completions", "content-type": "application/json"}
+    hmap = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs.items()]
+    )
+    msg = pb.HttpHeaders(headers=hmap, end_of_stream=eos)
+    return (
+        pb.ProcessingRequest(response_headers=msg) if response else pb.ProcessingRequest(request_headers=msg)
+    )
+
+
+def body(
+    data: bytes | Mapping[str, Any], *, eos: bool = True, response: bool = False
+) -> pb.ProcessingRequest:
+    raw = json.dumps(data).encode() if isinstance(data, Mapping) else data
+    msg = pb.HttpBody(body=raw, end_of_stream=eos)
+    return pb.ProcessingRequest(response_body=msg) if response else pb.ProcessingRequest(request_body=msg)
+
+
+# --- driving a live servicer -------------------------------------------------------------------
+@asynccontextmanager
+async def serving(servicer: ExtProcServicer) -> AsyncIterator[grpc.aio.Channel]:
+    server = grpc.aio.server()
+    servicer.add_to_server(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield channel
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+@dataclass
+class Exchange:
+    replies: list[pb.ProcessingResponse]
+    code: grpc.StatusCode
+    details: str
+
+
+async def exchange(channel: grpc.aio.Channel, messages: Sequence[pb.ProcessingRequest]) -> Exchange:
+    """Envoy's way: send one message, wait for its reply, then the next; stop at an ImmediateResponse."""
+    call = pb_grpc.ExternalProcessorStub(channel).Process()
+    replies: list[pb.ProcessingResponse] = []
+    for message in messages:
+        await call.write(message)
+        reply = await call.read()
+        if reply is grpc.aio.EOF:
+            break
+        replies.append(reply)
+        if reply.HasField("immediate_response"):
+            break
+    await call.done_writing()
+    return Exchange(replies, await call.code(), await call.details())
+
+
+async def raw_exchange(channel: grpc.aio.Channel, payload: bytes) -> Exchange:
+    """Send arbitrary bytes as one message (garbage that no ProcessingRequest decodes from)."""
+    method = channel.stream_stream("/envoy.service.ext_proc.v3.ExternalProcessor/Process")
+    call = method()
+    await call.write(payload)
+    await call.done_writing()
+    replies: list[pb.ProcessingResponse] = []
+    try:
+        async for reply in call:
+            replies.append(pb.ProcessingResponse.FromString(reply))
+    except grpc.aio.AioRpcError:
+        pass  # the status is read below
+    return Exchange(replies, await call.code(), await call.details())
+
+
+# --- reading replies ---------------------------------------------------------------------------
+@dataclass
+class Mutation:
+    set_headers: frozenset[tuple[str, str]]
+    removed: frozenset[str]
+    body: bytes | None
+    clear_body: bool
+    clear_route_cache: bool
+    metadata: dict[str, Any]
+
+
+def common_of(reply: pb.ProcessingResponse) -> Any:
+    which = reply.WhichOneof("response")
+    assert which is not None, reply
+    assert which != "immediate_response", reply
+    return getattr(reply, which).response
+
+
+def mutation(reply: pb.ProcessingResponse) -> Mutation:
+    """Headers as a set (their order carries no meaning, upstream #849)."""
+    common = common_of(reply)
+    hm = common.header_mutation
+    return Mutation(
+        set_headers=frozenset(
+            (o.header.key, o.header.raw_value.decode() or o.header.value) for o in hm.set_headers
+        ),
+        removed=frozenset(hm.remove_headers),
+        body=common.body_mutation.body if common.body_mutation.HasField("body") else None,
+        clear_body=common.body_mutation.clear_body,
+        clear_route_cache=common.clear_route_cache,
+        metadata=json_format.MessageToDict(reply.dynamic_metadata),
+    )
+
+
+def immediate(reply: pb.ProcessingResponse) -> tuple[int, str, dict[str, str]]:
+    """(status, the error's message, headers), checking the body is one line of OpenAI-style JSON."""
+    assert reply.HasField("immediate_response"), reply
+    imm = reply.immediate_response
+    hdrs = {o.header.key: o.header.raw_value.decode() for o in imm.headers.set_headers}
+    text = imm.body.decode()
+    assert "\n" not in text
+    error = json.loads(text)["error"]
+    assert error["code"] == imm.status.code
+    assert error["type"], "the error names its type"
+    return int(imm.status.code), str(error["message"]), hdrs
+
+
+def raise_in_scheduler(env: Env, error: EppError | Exception) -> None:
+    env.scheduler.error = error

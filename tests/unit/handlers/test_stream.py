@@ -1,0 +1,59 @@
+"""`ExtProcStream` without gRPC: the cases a live channel cannot show (no reply expected, addresses)."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.api.types import NamespacedName
+from epp.datastore import Pod, PodMetrics
+from epp.handlers.stream import ExtProcStream, endpoint_of
+
+from .support import NS, Env, body, headers
+
+
+def _stream(env: Env) -> ExtProcStream:
+    return env.servicer().new_stream()
+
+
+def test_observability_mode_records_but_never_replies() -> None:
+    env = Env().pool().model("m").pod("pod-1", "10.0.0.1")
+    stream = _stream(env)
+    first = headers()
+    first.observability_mode = True
+    second = body({"model": "m"})
+    second.observability_mode = True
+    assert stream.handle(first.SerializeToString()) == (None, False)
+    assert stream.handle(second.SerializeToString()) == (None, False)
+    assert env.sample("inference_model_request_total", {"model_name": "m", "target_model_name": "m"}) == 1
+    stream.close()
+
+
+def test_body_after_routing_is_continued_unchanged() -> None:
+    env = Env().pool().model("m").pod("pod-1", "10.0.0.1")
+    stream = _stream(env)
+    stream.handle(headers().SerializeToString())
+    stream.handle(body({"model": "m"}).SerializeToString())
+    reply, end = stream.handle(body(b"trailing", eos=True).SerializeToString())
+    assert reply is not None
+    assert not end
+    assert pb.ProcessingResponse.FromString(reply).WhichOneof("response") == "request_body"
+    assert len(env.scheduler.requests) == 1
+    stream.close()
+    stream.close()  # the running gauge is released once only
+    assert env.sample("inference_model_running_requests", {"model_name": "m"}) == 0
+
+
+@pytest.mark.parametrize(
+    ("address", "endpoint"),
+    [
+        pytest.param("10.1.2.3", "10.1.2.3:8000", id="ipv4"),
+        pytest.param("fd00::1", "[fd00::1]:8000", id="ipv6-bracketed"),
+    ],
+)
+def test_endpoint_uses_the_pool_port(address: str, endpoint: str) -> None:
+    env = Env().pool()
+    pool = env.datastore.pool_get()
+    assert pool is not None
+    pod = PodMetrics(Pod(NamespacedName(NS, "p"), address))
+    assert endpoint_of(pod, pool) == endpoint

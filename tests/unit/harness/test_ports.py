@@ -1,0 +1,82 @@
+"""Port reservations: unique while held, visible to other processes, released on demand."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import ports
+from harness.ports import PortReservationError, reserve_port
+
+
+def test_reserved_port_is_free_loopback_port(tmp_path: Path) -> None:
+    with reserve_port(lock_dir=tmp_path) as reservation:
+        with socket.socket() as sock:
+            sock.bind((reservation.host, reservation.port))  # nobody else is listening on it
+        assert reservation.host == "127.0.0.1"
+        assert reservation.held
+
+
+def test_reservations_held_together_are_distinct(tmp_path: Path) -> None:
+    held = [reserve_port(lock_dir=tmp_path) for _ in range(20)]
+    try:
+        assert len({r.port for r in held}) == 20
+    finally:
+        for reservation in held:
+            reservation.release()
+
+
+def test_a_port_claimed_elsewhere_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    candidates: Iterator[int] = iter([40001, 40001, 40002])
+    monkeypatch.setattr(ports, "_free_port", lambda host: next(candidates))
+    first = reserve_port(lock_dir=tmp_path)
+    second = reserve_port(lock_dir=tmp_path)
+    try:
+        assert (first.port, second.port) == (40001, 40002)
+    finally:
+        first.release()
+        second.release()
+
+
+def test_claim_is_an_flock_that_release_drops(tmp_path: Path) -> None:
+    reservation = reserve_port(lock_dir=tmp_path)
+    fd = os.open(tmp_path / f"port-{reservation.port}.lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        reservation.release()
+        reservation.release()  # idempotent
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert not reservation.held
+    finally:
+        os.close(fd)
+
+
+def test_another_process_cannot_claim_a_held_port(tmp_path: Path) -> None:
+    with reserve_port(lock_dir=tmp_path) as reservation:
+        probe = (
+            "import fcntl, os, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+            "try:\n"
+            "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+            "except BlockingIOError:\n"
+            "    print('held')\n"
+            "else:\n"
+            "    print('free')\n"
+        )
+        lock_file = str(tmp_path / f"port-{reservation.port}.lock")
+        result = subprocess.run([sys.executable, "-c", probe, lock_file], capture_output=True, text=True)
+        assert result.stdout.strip() == "held"
+
+
+def test_gives_up_when_every_candidate_is_claimed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "_free_port", lambda host: 40003)
+    with reserve_port(lock_dir=tmp_path), pytest.raises(PortReservationError, match="no unclaimed free port"):
+        reserve_port(lock_dir=tmp_path)

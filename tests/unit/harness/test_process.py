@@ -1,0 +1,136 @@
+"""ManagedProcess: start races health against early exit and timeout; stop takes the whole group."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import guards
+from harness.eventually import eventually
+from harness.process import ManagedProcess, ProcessStartError, stop_detached
+
+IGNORE_SIGTERM = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print('ready', flush=True)
+time.sleep(300)
+"""
+
+
+def _gone(pid: int) -> None:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return
+    assert state == "Z", f"process {pid} still running (state {state})"
+
+
+def test_start_waits_for_health_and_stop_removes_everything() -> None:
+    checks: list[int] = []
+
+    def healthy_on_third_check() -> bool:
+        checks.append(1)
+        return len(checks) >= 3
+
+    process = ManagedProcess("sleeper", "/bin/sleep", ["300"], health_check=healthy_on_third_check)
+    process.start()
+    assert len(checks) == 3
+    pid, directory = process.pid, process.dir
+    assert pid is not None
+    assert directory is not None
+    assert process.running
+    assert directory.is_dir()
+    process.stop()
+    process.stop()  # idempotent
+    assert not process.running
+    assert not directory.exists()
+    _gone(pid)
+
+
+def test_early_exit_fails_fast_with_the_log_tail() -> None:
+    process = ManagedProcess(
+        "broken", "/bin/sh", ["-c", "echo 'cannot bind: address in use' >&2; exit 3"],
+        health_check=lambda: False, start_timeout=60,
+    )  # fmt: skip
+    with pytest.raises(ProcessStartError, match=r"exited during start \(exit code 3\)") as info:
+        process.start()
+    assert "cannot bind: address in use" in info.value.log_tail
+    assert process.pid is None
+
+
+def test_unhealthy_process_times_out_and_is_stopped() -> None:
+    process = ManagedProcess("mute", "/bin/sleep", ["300"], health_check=lambda: False, start_timeout=0.3)
+    with pytest.raises(ProcessStartError, match=r"mute not healthy after 0.3s"):
+        process.start()
+    assert process.pid is None
+
+
+def test_health_check_errors_count_as_not_yet() -> None:
+    attempts = []
+
+    def flaky() -> bool:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionRefusedError
+        return True
+
+    with ManagedProcess("flaky", "/bin/sleep", ["300"], health_check=flaky) as process:
+        assert process.running
+    assert len(attempts) == 3
+
+
+def test_missing_binary_is_a_start_error(tmp_path: Path) -> None:
+    with pytest.raises(ProcessStartError, match="cannot execute"):
+        ManagedProcess("ghost", tmp_path / "nope", []).start()
+
+
+def test_sigterm_ignored_means_sigkill_after_stop_timeout() -> None:
+    process = ManagedProcess("stubborn", sys.executable, ["-c", IGNORE_SIGTERM], stop_timeout=0.3)
+    process.start()
+    pid = process.pid
+    assert pid is not None
+    eventually(lambda: _assert_contains(process.log_tail(), "ready"))
+    process.stop()
+    _gone(pid)
+
+
+def test_stop_takes_the_whole_process_group() -> None:
+    process = ManagedProcess("parent", "/bin/sh", ["-c", "sleep 300 & sleep 300 & wait"])
+    process.start()
+    pid = process.pid
+    assert pid is not None
+    grandchildren = eventually(lambda: _assert_children(pid, 2))
+    process.stop()
+    for child in grandchildren:
+        _gone(child.pid)
+
+
+def test_detached_process_is_stopped_by_stop_detached() -> None:
+    process = ManagedProcess("detached", "/bin/sleep", ["300"])
+    process.start()
+    handle = process.detach()
+    assert handle.dir is not None
+    assert Path(handle.dir).is_dir()
+    stop_detached(handle, timeout=5)
+    _gone(handle.pid)
+    assert not Path(handle.dir).exists()
+
+
+def test_log_captures_output(tmp_path: Path) -> None:
+    process = ManagedProcess("echo", "/bin/sh", ["-c", "echo line-1; echo line-2; sleep 300"], dir=tmp_path)
+    with process:
+        eventually(lambda: _assert_contains(process.log_tail(lines=1), "line-2"))
+        assert process.log_path == tmp_path / "echo.log"
+    assert (tmp_path / "echo.log").read_text() == "line-1\nline-2\n"  # a given dir is kept
+
+
+def _assert_contains(text: str, needle: str) -> None:
+    assert needle in text
+
+
+def _assert_children(pid: int, count: int) -> list[guards.ChildProcess]:
+    children = guards.child_processes(pid)
+    assert len(children) == count, children
+    return children

@@ -1,0 +1,48 @@
+"""Shared bits of the watch-layer tests: a task-leak-checking runner and recording fakes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from epp.k8s.config import KubeConfig
+
+T = TypeVar("T")
+
+WAIT = 10.0  # safety net for awaits that must complete; never a sleep
+
+
+def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run(main()) and fail if main left any task behind (STYLE habit 6)."""
+
+    async def checked() -> T:
+        result = await main()
+        leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        assert not leftover, f"tasks left behind: {[t.get_name() for t in leftover]}"
+        return result
+
+    return asyncio.run(checked())
+
+
+def plain_config(url: str, token: str = "") -> KubeConfig:
+    return KubeConfig(server=url, ssl_context=None, token=token)
+
+
+class RecordingSleep:
+    """Injected instead of asyncio.sleep: records each delay and yields once, so time never passes."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        await asyncio.sleep(0)
+
+
+class BlockingSleep(RecordingSleep):
+    """Records the delay, then never returns: the caller stays in its backoff until cancelled."""
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        await asyncio.Event().wait()

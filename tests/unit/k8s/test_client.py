@@ -1,0 +1,151 @@
+"""KubeClient against the fake API server: list paging and selectors, watch streaming, typed errors."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncGenerator
+
+import pytest
+
+from epp.k8s.client import INFERENCE_POOLS, PODS, KubeClient, WatchEvent
+from epp.k8s.errors import ApiError, GoneError, KubeConnectionError
+from harness.builders import PodBuilder, PoolBuilder
+
+from .fake_apiserver import POD_PATH, POOL_PATH, FakeApiServer
+from .support import plain_config, run
+
+
+async def drain(stream: AsyncGenerator[WatchEvent, None], into: list[WatchEvent] | None = None) -> None:
+    async with contextlib.aclosing(stream):
+        async for event in stream:
+            if into is not None:
+                into.append(event)
+
+
+def test_resource_paths() -> None:
+    assert PODS.path("ns1") == POD_PATH
+    assert INFERENCE_POOLS.path("ns1") == POOL_PATH
+
+
+def test_list_follows_pages_and_passes_selectors() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url, token="t0k")) as client:
+            for i in range(5):
+                server.upsert(POD_PATH, PodBuilder(f"p{i}").namespace("ns1").labels(app="vllm").build())
+            server.upsert(POD_PATH, PodBuilder("other").namespace("ns1").labels(app="x").build())
+
+            items, rv = await client.list(PODS, "ns1", label_selector="app=vllm", page_size=2)
+
+            assert [i["metadata"]["name"] for i in items] == [f"p{i}" for i in range(5)]
+            assert rv == str(server.rv)
+            lists = server.lists(POD_PATH)
+            assert len(lists) == 3
+            assert all(r.query["labelSelector"] == "app=vllm" for r in lists)
+            assert [r.query.get("continue") for r in lists] == [None, "2", "4"]
+            assert lists[0].headers["Authorization"] == "Bearer t0k"
+
+    run(main)
+
+
+def test_field_selector_scopes_the_list() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            for name in ("pool", "other"):
+                server.upsert(POOL_PATH, PoolBuilder(name).namespace("ns1").build())
+            items, _ = await client.list(INFERENCE_POOLS, "ns1", field_selector="metadata.name=pool")
+            assert [i["metadata"]["name"] for i in items] == ["pool"]
+            assert "Authorization" not in server.requests[0].headers
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "status"),
+    [
+        pytest.param("403", ApiError, 403, id="forbidden"),
+        pytest.param("500", ApiError, 500, id="server-error"),
+    ],
+)
+def test_list_failure_is_a_typed_error(fault: str, error: type[ApiError], status: int) -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.list_faults.append(fault)
+            with pytest.raises(error) as caught:
+                await client.list(PODS, "ns1")
+            assert caught.value.status == status
+            assert caught.value.message
+
+    run(main)
+
+
+def test_watch_streams_events_from_a_resource_version() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.upsert(POD_PATH, PodBuilder("p1").namespace("ns1").build())
+            _, rv = await client.list(PODS, "ns1")
+            server.upsert(POD_PATH, PodBuilder("p2").namespace("ns1").build())
+            server.delete(POD_PATH, "p1")
+            mark = server.bookmark(POD_PATH)
+
+            seen: list[WatchEvent] = []
+            stream = client.watch(PODS, "ns1", rv, timeout_seconds=42)
+            async with contextlib.aclosing(stream):
+                async for event in stream:
+                    seen.append(event)
+                    if event.type == "BOOKMARK":
+                        break
+
+            assert [(e.type, e.object["metadata"].get("name")) for e in seen] == [
+                ("ADDED", "p2"),
+                ("DELETED", "p1"),
+                ("BOOKMARK", None),
+            ]
+            assert seen[-1].resource_version == str(mark)
+            query = server.watches(POD_PATH)[0].query
+            assert query["resourceVersion"] == rv
+            assert query["allowWatchBookmarks"] == "true"
+            assert query["timeoutSeconds"] == "42"
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    "fault", [pytest.param("gone", id="http-410"), pytest.param("gone-event", id="error-event-410")]
+)
+def test_watch_gone_is_gone_error(fault: str) -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.watch_faults.append(fault)
+            with pytest.raises(GoneError) as caught:
+                await drain(client.watch(PODS, "ns1", "1"))
+            assert caught.value.status == 410
+
+    run(main)
+
+
+def test_dropped_watch_is_a_connection_error() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.upsert(POD_PATH, PodBuilder("p1").namespace("ns1").build())
+            server.upsert(POD_PATH, PodBuilder("p2").namespace("ns1").build())
+            server.watch_faults.append("drop:1")
+            seen: list[WatchEvent] = []
+            with pytest.raises(KubeConnectionError):
+                await drain(client.watch(PODS, "ns1", "0"), seen)
+            assert [e.object["metadata"]["name"] for e in seen] == ["p1"]
+
+    run(main)
+
+
+def test_connection_refused_is_a_connection_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound but not listening: connections are refused
+
+        async def main() -> None:
+            async with KubeClient(plain_config(f"http://127.0.0.1:{port}")) as client:
+                with pytest.raises(KubeConnectionError):
+                    await client.list(PODS, "ns1")
+
+        run(main)

@@ -1,0 +1,196 @@
+"""Kubeconfig and in-cluster configuration, and a TLS round trip with a client certificate."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from epp.k8s.client import PODS, KubeClient
+from epp.k8s.config import KubeConfig, load_config, load_incluster_config, load_kubeconfig
+from epp.k8s.errors import KubeConfigError
+from harness.builders import PodBuilder
+from harness.certs import CertKeyPair, TinyCA
+
+from .fake_apiserver import POD_PATH, FakeApiServer
+from .support import run
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def kubeconfig(
+    path: Path, server: str, cluster: dict[str, Any], user: dict[str, Any], namespace: str = ""
+) -> Path:
+    context: dict[str, Any] = {"cluster": "c1", "user": "u1"}
+    if namespace:
+        context["namespace"] = namespace
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "ctx1",
+        "clusters": [
+            {"name": "decoy", "cluster": {"server": "https://decoy.invalid"}},
+            {"name": "c1", "cluster": {"server": server, **cluster}},
+        ],
+        "users": [{"name": "u1", "user": user}],
+        "contexts": [
+            {"name": "decoy", "context": {"cluster": "decoy", "user": "u1"}},
+            {"name": "ctx1", "context": context},
+        ],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pki() -> tuple[TinyCA, CertKeyPair, CertKeyPair]:
+    ca = TinyCA()
+    return ca, ca.issue_serving(["localhost"], ["127.0.0.1"]), ca.issue_client("epp", ["system:masters"])
+
+
+def test_current_context_with_inline_data_and_token(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair]
+) -> None:
+    ca, _, client = pki
+    path = kubeconfig(
+        tmp_path / "config",
+        "https://127.0.0.1:6443/",
+        {"certificate-authority-data": b64(ca.cert_pem)},
+        {
+            "client-certificate-data": b64(client.cert_pem),
+            "client-key-data": b64(client.key_pem),
+            "token": "abc",
+        },
+        namespace="team",
+    )
+    config = load_kubeconfig(path)
+    assert config.server == "https://127.0.0.1:6443"
+    assert config.namespace == "team"
+    assert config.authorization() == "Bearer abc"
+    assert isinstance(config.ssl_context, ssl.SSLContext)
+    assert config.ssl_context.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_file_references_are_relative_to_the_kubeconfig(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair]
+) -> None:
+    ca, _, client = pki
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "ca.crt").write_bytes(ca.cert_pem)
+    (tmp_path / "pki" / "client.crt").write_bytes(client.cert_pem)
+    (tmp_path / "pki" / "client.key").write_bytes(client.key_pem)
+    (tmp_path / "pki" / "token").write_text("rotating-1\n")
+    path = kubeconfig(
+        tmp_path / "config",
+        "https://127.0.0.1:6443",
+        {"certificate-authority": "pki/ca.crt"},
+        {"client-certificate": "pki/client.crt", "client-key": "pki/client.key", "tokenFile": "pki/token"},
+    )
+    config = load_kubeconfig(path)
+    assert config.namespace == "default"
+    assert config.authorization() == "Bearer rotating-1"
+    (tmp_path / "pki" / "token").write_text("rotating-2\n")
+    assert config.authorization() == "Bearer rotating-2"  # re-read: projected tokens rotate
+
+
+def test_named_context_overrides_current(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path / "config", "http://127.0.0.1:8080", {}, {})
+    assert load_kubeconfig(path, context="decoy").server == "https://decoy.invalid"
+    assert load_kubeconfig(path).ssl_context is None  # plain http
+
+
+@pytest.mark.parametrize(
+    ("cluster", "user", "context"),
+    [
+        pytest.param({}, {}, "missing", id="unknown-context"),
+        pytest.param({"certificate-authority": "nope.crt"}, {}, None, id="missing-ca-file"),
+        pytest.param({"certificate-authority-data": b64(b"garbage")}, {}, None, id="invalid-ca"),
+        pytest.param({}, {"client-certificate-data": b64(b"x")}, None, id="cert-without-key"),
+    ],
+)
+def test_bad_kubeconfig_is_a_config_error(
+    tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any], context: str | None
+) -> None:
+    path = kubeconfig(tmp_path / "config", "https://127.0.0.1:6443", cluster, user)
+    with pytest.raises(KubeConfigError):
+        load_kubeconfig(path, context=context)
+
+
+def service_account(tmp_path: Path, ca: TinyCA) -> Path:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("sa-token")
+    (sa / "ca.crt").write_bytes(ca.cert_pem)
+    (sa / "namespace").write_text("epp-system")
+    return sa
+
+
+@pytest.mark.parametrize(
+    ("host", "server"),
+    [
+        pytest.param("10.96.0.1", "https://10.96.0.1:443", id="ipv4"),
+        pytest.param("fd00::1", "https://[fd00::1]:443", id="ipv6"),
+    ],
+)
+def test_in_cluster(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair], host: str, server: str
+) -> None:
+    sa = service_account(tmp_path, pki[0])
+    env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": "443"}
+    config = load_incluster_config(env, sa_dir=sa)
+    assert config.server == server
+    assert config.namespace == "epp-system"
+    assert config.authorization() == "Bearer sa-token"
+
+
+def test_in_cluster_outside_a_cluster_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(KubeConfigError):
+        load_incluster_config({}, sa_dir=tmp_path)
+
+
+def test_load_config_order(tmp_path: Path) -> None:
+    explicit = kubeconfig(tmp_path / "explicit", "http://127.0.0.1:1", {}, {})
+    from_env = kubeconfig(tmp_path / "from-env", "http://127.0.0.1:2", {}, {})
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    kubeconfig(home / ".kube" / "config", "http://127.0.0.1:3", {}, {})
+    env = {"KUBECONFIG": f"{tmp_path / 'absent'}:{from_env}"}
+
+    assert load_config(str(explicit), env, home=home).server.endswith(":1")
+    assert load_config("", env, home=home).server.endswith(":2")
+    assert load_config("", {}, home=home).server.endswith(":3")
+    with pytest.raises(KubeConfigError):
+        load_config("", {}, home=tmp_path / "nobody")
+
+
+def test_tls_round_trip_with_client_certificate(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair]
+) -> None:
+    ca, serving, client = pki
+    (tmp_path / "srv.crt").write_bytes(serving.cert_pem)
+    (tmp_path / "srv.key").write_bytes(serving.key_pem)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=ca.cert_pem.decode())
+    server_ctx.load_cert_chain(tmp_path / "srv.crt", tmp_path / "srv.key")
+    server_ctx.verify_mode = ssl.CERT_REQUIRED  # no client certificate, no answer
+
+    async def main() -> None:
+        async with FakeApiServer(ssl_context=server_ctx) as server:
+            server.upsert(POD_PATH, PodBuilder("p1").namespace("ns1").build())
+            path = kubeconfig(
+                tmp_path / "config",
+                server.url,
+                {"certificate-authority-data": b64(ca.cert_pem)},
+                {"client-certificate-data": b64(client.cert_pem), "client-key-data": b64(client.key_pem)},
+            )
+            config: KubeConfig = load_kubeconfig(path)
+            async with KubeClient(config) as kube:
+                items, _ = await kube.list(PODS, "ns1")
+            assert [i["metadata"]["name"] for i in items] == ["p1"]
+
+    run(main)

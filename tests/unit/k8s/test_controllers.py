@@ -1,0 +1,224 @@
+"""Controllers end to end against the fake API server: informers -> queues -> reconcilers -> datastore.
+
+Also: a failing reconcile is retried, and cancelling `run()` leaves no task behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+
+import pytest
+
+from epp.api import InferenceModel, InferencePool, NamespacedName, PodObject
+from epp.datastore import Datastore, Metrics, PodMetrics, new_datastore
+from epp.k8s.backoff import BackoffPolicy
+from epp.k8s.client import KubeClient
+from epp.k8s.controllers import Controllers
+from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
+from harness.eventually import eventually_async
+
+from .fake_apiserver import MODEL_PATH, POD_PATH, POOL_PATH, FakeApiServer
+from .support import WAIT, BlockingSleep, RecordingSleep, plain_config, run
+
+POOL_KEY = NamespacedName("ns1", "pool")
+FAST_RETRY = BackoffPolicy(initial=0.001, maximum=0.001, jitter=0.0)
+
+
+def pool(name: str = "pool") -> dict[str, object]:
+    return PoolBuilder(name).namespace("ns1").selector(app="vllm").port(8000).extension_ref("epp").build()
+
+
+def pod(name: str, ip: str, ready: bool = True) -> dict[str, object]:
+    b = PodBuilder(name).namespace("ns1").labels(app="vllm")
+    return (b.ready(ip) if ready else b.unready(ip)).build()
+
+
+def populate(server: FakeApiServer) -> None:
+    server.upsert(POOL_PATH, pool())
+    server.upsert(POOL_PATH, pool("someone-elses"))
+    server.upsert(MODEL_PATH, ModelBuilder("m1").namespace("ns1").model_name("llama").pool("pool").build())
+    server.upsert(MODEL_PATH, ModelBuilder("m2").namespace("ns1").model_name("gemma").pool("other").build())
+    server.upsert(POD_PATH, pod("p1", "10.0.0.1"))
+    server.upsert(POD_PATH, pod("p2", "10.0.0.2", ready=False))
+
+
+def pods(store: Datastore) -> dict[str, str]:
+    return {pm.pod.key.name: pm.pod.address for pm in store.pod_get_all()}
+
+
+def models(store: Datastore) -> dict[str, str]:
+    return {m.model_name: m.key.name for m in store.model_get_all()}
+
+
+def test_initial_sync_then_events_flow_to_the_datastore() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            populate(server)
+            store = new_datastore()
+            controllers = Controllers(client, store, POOL_KEY, sleep=RecordingSleep())
+            assert not controllers.has_synced
+            task = asyncio.create_task(controllers.run(), name="controllers")
+
+            await asyncio.wait_for(controllers.wait_synced(), WAIT)
+
+            # Synced means reconciled, not just listed: the store already shows the initial state.
+            assert controllers.has_synced
+            current = store.pool_get()
+            assert current is not None
+            assert current.key == POOL_KEY
+            assert pods(store) == {"p1": "10.0.0.1"}
+            assert models(store) == {"llama": "m1"}
+            pool_lists = server.lists(POOL_PATH)
+            assert pool_lists[0].query["fieldSelector"] == "metadata.name=pool"
+
+            server.upsert(POD_PATH, pod("p2", "10.0.0.2"))
+            server.upsert(POD_PATH, pod("p1", "10.0.0.11"))
+
+            async def both_pods() -> None:
+                assert pods(store) == {"p1": "10.0.0.11", "p2": "10.0.0.2"}
+
+            await eventually_async(both_pods, timeout=WAIT)
+
+            server.delete(POOL_PATH, "pool")
+
+            async def cleared() -> None:
+                assert store.pool_get() is None
+                assert pods(store) == {}
+                assert models(store) == {}
+
+            await eventually_async(cleared, timeout=WAIT)
+
+            server.upsert(POOL_PATH, pool())
+
+            async def restored() -> None:
+                assert pods(store) == {"p1": "10.0.0.11", "p2": "10.0.0.2"}
+                assert models(store) == {"llama": "m1"}  # a re-created pool gets its models back
+
+            await eventually_async(restored, timeout=WAIT)
+
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            others = [t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            assert not [n for n in others if n.startswith("epp-")], others
+
+    run(main)
+
+
+class FlakyStore:
+    """A real datastore whose first `fail` pool_set calls raise, as a transient error would."""
+
+    def __init__(self, fail: int) -> None:
+        self.inner = new_datastore()
+        self.fail = fail
+        self.pool_set_calls = 0
+
+    def pool_set(self, pool: InferencePool) -> None:
+        self.pool_set_calls += 1
+        if self.pool_set_calls <= self.fail:
+            raise RuntimeError("transient")
+        self.inner.pool_set(pool)
+
+    def pool_get(self) -> InferencePool | None:
+        return self.inner.pool_get()
+
+    def pool_has_synced(self) -> bool:
+        return self.inner.pool_has_synced()
+
+    def pool_labels_match(self, labels: dict[str, str]) -> bool:
+        return self.inner.pool_labels_match(labels)
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+    def model_set_if_older(self, model: InferenceModel) -> bool:
+        return self.inner.model_set_if_older(model)
+
+    def model_get(self, model_name: str) -> InferenceModel | None:
+        return self.inner.model_get(model_name)
+
+    def model_delete(self, key: NamespacedName) -> InferenceModel | None:
+        return self.inner.model_delete(key)
+
+    def model_get_all(self) -> Sequence[InferenceModel]:
+        return self.inner.model_get_all()
+
+    def pod_update_or_add(self, pod: PodObject) -> bool:
+        return self.inner.pod_update_or_add(pod)
+
+    def pod_delete(self, key: NamespacedName) -> None:
+        self.inner.pod_delete(key)
+
+    def pod_resync(self, pods: Iterable[PodObject]) -> None:
+        self.inner.pod_resync(pods)
+
+    def pod_get(self, key: NamespacedName) -> PodMetrics | None:
+        return self.inner.pod_get(key)
+
+    def pod_get_all(self) -> Sequence[PodMetrics]:
+        return self.inner.pod_get_all()
+
+    def pod_update_metrics_if_exist(self, key: NamespacedName, metrics: Metrics) -> bool:
+        return self.inner.pod_update_metrics_if_exist(key, metrics)
+
+
+def test_failed_reconcile_is_retried() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            populate(server)
+            flaky = FlakyStore(fail=2)
+            store: Datastore = flaky
+            sleep = RecordingSleep()
+            controllers = Controllers(client, store, POOL_KEY, retry_backoff=FAST_RETRY, sleep=sleep)
+            task = asyncio.create_task(controllers.run(), name="controllers")
+
+            async def pool_known() -> None:
+                assert store.pool_get() is not None
+                assert pods(store) == {"p1": "10.0.0.1"}
+
+            await eventually_async(pool_known, timeout=WAIT)
+            assert flaky.pool_set_calls == 3
+
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    run(main)
+
+
+def test_cancel_before_sync_leaves_nothing_running() -> None:
+    """Every informer is stuck in its list backoff; cancelling must still stop everything."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.list_faults.extend(["500"] * 3)
+            sleep = BlockingSleep()
+            controllers = Controllers(client, new_datastore(), POOL_KEY, sleep=sleep)
+            task = asyncio.create_task(controllers.run(), name="controllers")
+
+            async def retried() -> None:
+                assert len(sleep.delays) == 3
+
+            await eventually_async(retried, timeout=WAIT)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not controllers.has_synced
+
+    run(main)
+
+
+def test_run_twice_is_refused() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            controllers = Controllers(client, new_datastore(), POOL_KEY, sleep=RecordingSleep())
+            task = asyncio.create_task(controllers.run(), name="controllers")
+            await asyncio.wait_for(controllers.wait_synced(), WAIT)
+            with pytest.raises(RuntimeError):
+                await controllers.run()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    run(main)

@@ -1,0 +1,262 @@
+"""Informer against the fake API server: list+watch, cache-before-handler, bookmarks, 410 relist with
+synthesized deletes, reconnect with backoff after a dropped connection, list retries."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from epp.api import NamespacedName, PodObject
+from epp.k8s.backoff import BackoffPolicy
+from epp.k8s.client import PODS, KubeClient
+from epp.k8s.informer import Informer, InformerEvent
+from harness.builders import PodBuilder
+from harness.eventually import eventually_async
+
+from .fake_apiserver import POD_PATH, FakeApiServer
+from .support import WAIT, RecordingSleep, plain_config, run
+
+NO_JITTER = BackoffPolicy(initial=0.5, maximum=4.0, factor=2.0, jitter=0.0)
+
+
+def key(name: str) -> NamespacedName:
+    return NamespacedName("ns1", name)
+
+
+def pod(name: str, ip: str = "10.0.0.1") -> dict[str, object]:
+    return PodBuilder(name).namespace("ns1").labels(app="vllm").ready(ip).build()
+
+
+class SteppingClock:
+    """Each reading is `step` seconds after the previous one (0: time stands still)."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+class Harness:
+    """An informer for ns1 pods, its recorded events and injected sleep and clock.
+
+    By default every watch looks long-lived (the clock steps 10 s per reading), so only real failures
+    back off; a test about "very short" watches stops the clock.
+    """
+
+    def __init__(self, server: FakeApiServer, client: KubeClient, clock_step: float) -> None:
+        self.server = server
+        self.sleep = RecordingSleep()
+        self.informer: Informer[PodObject] = Informer(
+            client,
+            PODS,
+            "ns1",
+            PodObject.from_api,
+            backoff=NO_JITTER,
+            sleep=self.sleep,
+            clock=SteppingClock(clock_step),
+            watch_timeout=60,
+        )
+        self.events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self.cache_at_event: list[bool] = []
+        self.informer.add_handler(self._record)
+
+    def _record(self, event: InformerEvent[PodObject]) -> None:
+        # The cache must already reflect the event when handlers run.
+        cached = self.informer.get(event.key)
+        self.cache_at_event.append(cached is None if event.type == "DELETED" else cached == event.obj)
+        self.events.put_nowait((event.type, event.key.name))
+
+    async def next(self, n: int = 1) -> list[tuple[str, str]]:
+        return [await asyncio.wait_for(self.events.get(), WAIT) for _ in range(n)]
+
+    async def watch_count(self, n: int) -> None:
+        """Until the server has seen `n` watch requests (the informer is (re)connected)."""
+
+        async def reached() -> None:
+            assert len(self.server.watches(POD_PATH)) >= n
+
+        await eventually_async(reached, timeout=WAIT)
+
+
+@asynccontextmanager
+async def started(
+    setup: Callable[[FakeApiServer], None] = lambda s: None, clock_step: float = 10.0
+) -> AsyncIterator[Harness]:
+    async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+        setup(server)
+        h = Harness(server, client, clock_step)
+        task = asyncio.create_task(h.informer.run(), name="test-informer")
+        try:
+            yield h
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+
+def two_pods(server: FakeApiServer) -> None:
+    server.upsert(POD_PATH, pod("p1"))
+    server.upsert(POD_PATH, pod("p2"))
+
+
+def test_list_then_watch_keeps_the_cache_and_tells_handlers_after_updating_it() -> None:
+    async def main() -> None:
+        async with started(two_pods) as h:
+            await asyncio.wait_for(h.informer.wait_synced(), WAIT)
+            assert sorted(await h.next(2)) == [("ADDED", "p1"), ("ADDED", "p2")]
+            await h.watch_count(1)
+
+            h.server.upsert(POD_PATH, pod("p3", "10.0.0.3"))
+            h.server.upsert(POD_PATH, pod("p1", "10.0.0.9"))
+            h.server.delete(POD_PATH, "p2")
+
+            assert await h.next(3) == [("ADDED", "p3"), ("MODIFIED", "p1"), ("DELETED", "p2")]
+            assert sorted(p.key.name for p in h.informer.objects()) == ["p1", "p3"]
+            cached = h.informer.get(key("p1"))
+            assert cached is not None
+            assert cached.pod_ip == "10.0.0.9"
+            assert all(h.cache_at_event)
+            assert h.informer.resource_version == str(h.server.rv)
+            assert h.sleep.delays == []
+
+    run(main)
+
+
+def test_watch_starts_from_the_list_resource_version() -> None:
+    async def main() -> None:
+        async with started(two_pods) as h:
+            await h.watch_count(1)
+            listed_rv = str(h.server.rv)
+            assert h.server.watches(POD_PATH)[0].query["resourceVersion"] == listed_rv
+
+    run(main)
+
+
+def test_bookmark_advances_the_resource_version_used_to_reconnect() -> None:
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            two_pods(server)
+            server.watch_faults.append("drop:1")  # the first watch dies right after one event
+
+        async with started(setup) as h:
+            await h.next(2)
+            mark = h.server.bookmark(POD_PATH)  # that one event: nothing changed, only the version
+            await h.watch_count(2)
+
+            assert h.server.watches(POD_PATH)[1].query["resourceVersion"] == str(mark)
+            assert h.informer.resource_version == str(mark)
+            assert h.events.empty()  # a bookmark is not a change
+            h.server.upsert(POD_PATH, pod("p3"))
+            assert await h.next() == [("ADDED", "p3")]
+
+    run(main)
+
+
+def test_reconnect_after_dropped_connection_resumes_without_relisting() -> None:
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            two_pods(server)
+            server.watch_faults.append("drop:1")
+
+        async with started(setup) as h:
+            await h.next(2)
+            h.server.upsert(POD_PATH, pod("p3"))
+            assert await h.next() == [("ADDED", "p3")]  # delivered, then the connection drops
+            await h.watch_count(2)
+            resumed_from = h.server.watches(POD_PATH)[1].query["resourceVersion"]
+            h.server.upsert(POD_PATH, pod("p4"))
+
+            assert await h.next() == [("ADDED", "p4")]
+            assert resumed_from == h.server.collections[POD_PATH].objects["p3"]["metadata"]["resourceVersion"]
+            assert len(h.server.lists(POD_PATH)) == 1
+            assert h.sleep.delays == [0.5]  # one backoff at the initial delay (events reset it)
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    "as_event", [pytest.param(False, id="http-410"), pytest.param(True, id="error-event-410")]
+)
+def test_gone_relists_and_synthesizes_deletes(as_event: bool) -> None:
+    async def main() -> None:
+        async with started(two_pods) as h:
+            h.server.gone_as_event(as_event)
+            await h.next(2)
+            await h.watch_count(1)
+            # While the informer is "away", changes happen whose events it will never see.
+            h.server.delete(POD_PATH, "p1", record=False)
+            h.server.upsert(POD_PATH, pod("p2", "10.0.0.22"), record=False)
+            h.server.upsert(POD_PATH, pod("p5"), record=False)
+            h.server.compact(POD_PATH)
+
+            got = sorted(await h.next(3))
+
+            assert got == [("ADDED", "p5"), ("DELETED", "p1"), ("MODIFIED", "p2")]
+            assert len(h.server.lists(POD_PATH)) == 2
+            assert sorted(p.key.name for p in h.informer.objects()) == ["p2", "p5"]
+            assert all(h.cache_at_event)
+            assert h.sleep.delays == []  # a relist is not a failure
+
+    run(main)
+
+
+def test_relist_reports_nothing_for_unchanged_objects() -> None:
+    async def main() -> None:
+        async with started(two_pods) as h:
+            await h.next(2)
+            await h.watch_count(1)
+            h.server.compact(POD_PATH)
+            await h.watch_count(2)  # the 410 answer
+            h.server.upsert(POD_PATH, pod("p3"))
+            assert await h.next() == [("ADDED", "p3")]  # no MODIFIED for p1/p2 came first
+
+    run(main)
+
+
+def test_list_failures_back_off_exponentially_until_synced() -> None:
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            two_pods(server)
+            server.list_faults.extend(["500", "403", "500"])
+
+        async with started(setup) as h:
+            await asyncio.wait_for(h.informer.wait_synced(), WAIT)
+            assert h.sleep.delays == [0.5, 1.0, 2.0]
+            assert len(h.server.lists(POD_PATH)) == 4
+            assert sorted(await h.next(2)) == [("ADDED", "p1"), ("ADDED", "p2")]
+
+    run(main)
+
+
+def test_watch_that_closes_at_once_backs_off() -> None:
+    """client-go's "very short watch": a watch ending immediately with nothing is a failure."""
+
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            server.watch_faults.extend(["close", "close", "500"])
+
+        async with started(setup, clock_step=0.0) as h:
+            await h.watch_count(4)
+            assert h.sleep.delays == [0.5, 1.0, 2.0]
+
+    run(main)
+
+
+def test_unparseable_object_is_not_cached() -> None:
+    async def main() -> None:
+        async with started(two_pods) as h:
+            await h.next(2)
+            await h.watch_count(1)
+            broken = pod("p1")
+            broken["metadata"]["labels"] = "not-a-map"  # type: ignore[index]
+            h.server.upsert(POD_PATH, broken)
+            assert await h.next() == [("DELETED", "p1")]
+            assert h.informer.get(key("p1")) is None
+
+    run(main)

@@ -1,0 +1,165 @@
+"""Flags as upstream names them, Go-style dashes and durations, env thresholds with fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from epp import config as defaults
+from epp.server.flags import FlagError, go_style, parse_flags, parse_go_duration
+
+
+def test_defaults_match_upstream() -> None:
+    flags = parse_flags(["--poolName", "p"], {})
+    c = flags.config
+    assert (c.pool_name, c.pool_namespace) == ("p", "default")
+    assert (c.grpc_port, c.grpc_health_port, c.metrics_port) == (9002, 9003, 9090)
+    assert c.secure_serving is True
+    assert c.cert_path == ""
+    assert c.destination_endpoint_hint_key == "x-gateway-destination-endpoint"
+    assert c.destination_endpoint_hint_metadata_namespace == "envoy.lb"
+    assert c.prober.refresh_interval == 0.05
+    assert c.refresh_prometheus_metrics_interval == 5.0
+    assert c.scheduler.metrics_staleness_threshold == 2.0
+    assert c.prober.metric_names.queued_requests == "vllm:num_requests_waiting"
+    assert c.prober.metric_names.kv_cache_usage == "vllm:kv_cache_usage_perc"
+    assert c.prober.metric_names.kv_cache_usage_fallback == "vllm:gpu_cache_usage_perc"
+    assert c.prober.metric_names.lora_info == "vllm:lora_requests_info"
+    assert flags.verbosity == 2
+    assert flags.log_level == logging.INFO
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param([], id="absent"),
+        pytest.param(["--poolName="], id="empty"),
+        pytest.param(["--poolNamespace", "ns"], id="only-namespace"),
+    ],
+)
+def test_pool_name_is_required(argv: list[str]) -> None:
+    with pytest.raises(FlagError, match="poolName"):
+        parse_flags(argv, {})
+
+
+def test_single_and_double_dash_and_equals_forms() -> None:
+    argv = [
+        "-poolName=p", "--poolNamespace", "ns", "-grpcPort", "0", "--grpcHealthPort=0", "-metricsPort=0",
+        "-refreshMetricsInterval", "100ms", "--refreshPrometheusMetricsInterval=1m",
+        "-metricsStalenessThreshold=1.5s", "-secureServing=false", "-certPath", "/certs",
+        "-destinationEndpointHintKey=x-dest", "-DestinationEndpointHintMetadataNamespace=",
+        "-totalQueuedRequestsMetric=q", "-kvCacheUsagePercentageMetric=kv", "-loraInfoMetric=lora",
+        "-v", "4", "-kubeconfig=/kc", "-bindAddress=127.0.0.1",
+    ]  # fmt: skip
+    flags = parse_flags(argv, {})
+    c = flags.config
+    assert (c.pool_name, c.pool_namespace, c.grpc_port, c.grpc_health_port, c.metrics_port) == (
+        "p",
+        "ns",
+        0,
+        0,
+        0,
+    )
+    assert c.prober.refresh_interval == pytest.approx(0.1)
+    assert c.refresh_prometheus_metrics_interval == 60
+    assert c.scheduler.metrics_staleness_threshold == 1.5
+    assert (c.secure_serving, c.cert_path, c.kubeconfig, c.bind_address) == (
+        False,
+        "/certs",
+        "/kc",
+        "127.0.0.1",
+    )
+    assert (c.destination_endpoint_hint_key, c.destination_endpoint_hint_metadata_namespace) == ("x-dest", "")
+    names = c.prober.metric_names
+    assert (names.queued_requests, names.kv_cache_usage, names.lora_info) == ("q", "kv", "lora")
+    assert names.kv_cache_usage_fallback == ""  # the vLLM fallback only backs the vLLM default
+    assert flags.verbosity == 4
+    assert flags.log_level == logging.DEBUG
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(["-secureServing"], True, id="bare"),
+        pytest.param(["-secureServing=true"], True, id="true"),
+        pytest.param(["--secureServing=0"], False, id="zero"),
+        pytest.param(["--secureServing=F"], False, id="F"),
+    ],
+)
+def test_bool_flag_forms(argv: list[str], expected: bool) -> None:
+    assert parse_flags(["-poolName", "p", *argv], {}).config.secure_serving is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        pytest.param("50ms", 0.05, id="ms"),
+        pytest.param("5s", 5.0, id="s"),
+        pytest.param("1.5s", 1.5, id="fraction"),
+        pytest.param("1m30s", 90.0, id="compound"),
+        pytest.param("2h", 7200.0, id="hours"),
+        pytest.param("300us", 0.0003, id="us"),
+        pytest.param("300µs", 0.0003, id="micro-sign"),
+        pytest.param("10ns", 1e-8, id="ns"),
+        pytest.param(".5s", 0.5, id="leading-dot"),
+        pytest.param("0", 0.0, id="bare-zero"),
+        pytest.param("-1s", -1.0, id="negative"),
+    ],
+)
+def test_go_durations(text: str, seconds: float) -> None:
+    assert parse_go_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5", "5 s", "s", "1d", "1.2.3s", "ms5", "--1s"])
+def test_bad_go_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_go_duration(text)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["-refreshMetricsInterval", "fast"], id="not-a-duration"),
+        pytest.param(["-refreshMetricsInterval", "0"], id="zero-interval"),
+        pytest.param(["-metricsStalenessThreshold=-2s"], id="negative"),
+        pytest.param(["-grpcPort", "70000"], id="port-range"),
+        pytest.param(["-grpcPort", "x"], id="port-type"),
+        pytest.param(["-secureServing=maybe"], id="bool"),
+        pytest.param(["-unknownFlag", "1"], id="unknown"),
+        pytest.param(["-poolNam", "p"], id="no-abbreviations"),
+    ],
+)
+def test_bad_values_are_flag_errors(argv: list[str]) -> None:
+    with pytest.raises(FlagError):
+        parse_flags(["-poolName", "p", *argv], {})
+
+
+def test_go_style_leaves_values_and_rest_alone() -> None:
+    assert go_style(["-v", "-3", "-x=-y", "--", "-z"]) == ["--v", "-3", "--x=-y", "--", "-z"]
+
+
+def test_env_thresholds() -> None:
+    env = {
+        "KV_CACHE_THRESHOLD": "0.5",
+        "QUEUE_THRESHOLD_CRITICAL": "9",
+        "QUEUING_THRESHOLD_LORA": "64",
+        "LORA_AFFINITY_THRESHOLD": "0.9",
+    }
+    s = parse_flags(["-poolName", "p"], env).config.scheduler
+    assert s.kv_cache_threshold == 0.5
+    assert s.queue_threshold_critical == 9
+    assert s.queueing_threshold_lora == 64
+    assert s.lora_affinity_threshold == 0.9
+
+
+def test_bad_env_threshold_falls_back_to_default_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"KV_CACHE_THRESHOLD": "lots", "QUEUE_THRESHOLD_CRITICAL": "2.5", "QUEUING_THRESHOLD_LORA": ""}
+    with caplog.at_level(logging.WARNING, logger="epp.server.flags"):
+        s = parse_flags(["-poolName", "p"], env).config.scheduler
+    assert s.kv_cache_threshold == defaults.DEFAULT_KV_CACHE_THRESHOLD
+    assert s.queue_threshold_critical == defaults.DEFAULT_QUEUE_THRESHOLD_CRITICAL
+    assert s.queueing_threshold_lora == defaults.DEFAULT_QUEUEING_THRESHOLD_LORA
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "KV_CACHE_THRESHOLD" in messages
+    assert "QUEUE_THRESHOLD_CRITICAL" in messages
