@@ -131,7 +131,10 @@ async def run_rounds(urls: dict[str, str], args: argparse.Namespace) -> dict[str
 
 def report(stats: dict[str, PathStats], labels: dict[str, str]) -> None:
     width = max(len(label) for label in labels.values()) + 2
-    print(f"\nLatency at 1 request in flight (ms){'':<{width - 34}}    p50     p99    mean      n  errors")
+    print(
+        f"\n{'Latency at 1 request in flight (ms)':<{width + 2}}"
+        f"{'p50':>7} {'p99':>7} {'mean':>7} {'n':>6} {'errors':>7}"
+    )
     for name, s in stats.items():
         mean = 1000 * statistics.fmean(s.latencies_s) if s.latencies_s else float("nan")
         print(
@@ -144,7 +147,9 @@ def report(stats: dict[str, PathStats], labels: dict[str, str]) -> None:
     print(
         f"  added by ext_proc + EPP: p50 {added_p50:+.2f} ms, p99 {added_p99:+.2f} ms  (target: p50 <= 1.5)"
     )
-    print(f"\nThroughput at {HIGH_CONCURRENCY} in flight{'':<{width - 24}}      req/s       n  errors")
+    print(
+        f"\n{f'Throughput at {HIGH_CONCURRENCY} in flight':<{width + 2}}{'req/s':>10} {'n':>7} {'errors':>7}"
+    )
     for name, s in stats.items():
         print(f"  {labels[name]:<{width}}{s.throughput:10.0f} {s.c32_requests:7d} {s.c32_errors:7d}")
     ratio = epp.throughput / direct.throughput if direct.throughput else float("nan")

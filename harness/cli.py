@@ -69,7 +69,10 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start the control plane, print how to reach it, wait for SIGINT/SIGTERM, stop, exit 0."""
+    """Start the control plane, print how to reach it, wait for SIGINT/SIGTERM, stop, exit 0.
+
+    Exit 1 if the start fails or a component dies while up; 130 if interrupted before it was ready.
+    """
     if args.with_epp:
         from harness.demo import up_with_epp
 
@@ -91,8 +94,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            print("interrupted during start; stopped", file=sys.stderr)
-            return 0
+            print("interrupted before the control plane was ready; stopped", file=sys.stderr)
+            return 130
         for sig in previous:
             signal.signal(sig, request_stop)
         _print_access(plane, args.write_kubeconfig)

@@ -13,6 +13,7 @@ dependency) and ``--advertise-address=127.0.0.1`` so the host needs no default r
 
 from __future__ import annotations
 
+import functools
 import shutil
 import ssl
 import tempfile
@@ -37,7 +38,7 @@ from harness.process import (
 )
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    from kubernetes.client import ApiClient, Configuration
 
 DEFAULT_START_TIMEOUT: Final = 60.0
 DEFAULT_STOP_TIMEOUT: Final = 20.0
@@ -74,7 +75,7 @@ class ClusterAccess:
 
     def api_client(self) -> ApiClient:
         """A new ``kubernetes.client.ApiClient`` (the caller closes it)."""
-        from kubernetes import client, config
+        from kubernetes import client
 
         if self.ca_cert_path and self.client_cert_path and self.client_key_path:
             configuration = client.Configuration()
@@ -83,10 +84,8 @@ class ClusterAccess:
             configuration.cert_file = str(self.client_cert_path)
             configuration.key_file = str(self.client_key_path)
             return client.ApiClient(configuration)
-        api_client: ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(self.kubeconfig_path)
-        )
-        return api_client
+        stat = self.kubeconfig_path.stat()
+        return client.ApiClient(_kubeconfig_configuration(str(self.kubeconfig_path), stat.st_mtime_ns))
 
     def to_json(self) -> dict[str, str | None]:
         return {k: (str(v) if v is not None else None) for k, v in self.__dict__.items()}
@@ -98,6 +97,16 @@ class ClusterAccess:
 
         return cls(Path(data["kubeconfig_path"]), str(data["server_url"]), path("ca_cert_path"),
                    path("client_cert_path"), path("client_key_path"))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def _kubeconfig_configuration(path: str, mtime_ns: int) -> Configuration:
+    """Load a kubeconfig once per file version: the loader writes embedded certs to temp files."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return configuration
 
 
 class ControlPlane:

@@ -100,7 +100,12 @@ CONNECTION_ERROR: Final = 0  # Outcome.status when no HTTP response came back
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__.split("\n\n")[0] if __doc__ else HELP
+    parser.description = (
+        "Start a throw-away control plane, the demo pool and models, 4 simulated vLLM pods, the EPP "
+        "and Envoy; send requests through Envoy with the openai SDK (a steady phase, then one where "
+        "every pod reports saturation); print requests per pod and target model, shed and error "
+        "counts and the EPP's metrics; stop everything. Ctrl-C stops everything too."
+    )
     parser.add_argument(
         "--requests", type=int, default=DEFAULT_REQUESTS, metavar="N", help="requests to send (default 300)"
     )
@@ -111,7 +116,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="C",
         help="requests in flight (default 8)",
     )
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the request mix")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the request mix (default 7)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,27 +131,25 @@ def run(args: argparse.Namespace) -> int:
             env.start()
             results = _drive(env, args.requests, args.concurrency, random.Random(args.seed))
             print(_collect(env, results).render(), flush=True)
+            _say("\nstopping everything ...")
+            status = 0
         except KeyboardInterrupt:
             print("\ninterrupted; stopping everything", file=sys.stderr, flush=True)
-            env.stop()
-            return 130 if _no_children_left() else 1
+            status = 130
         except StartError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            status = 1
+        finally:
+            stopping = time.monotonic()
             env.stop()
-            return 1
-        except BaseException:
-            env.stop()
-            raise
-        stopping = time.monotonic()
-        _say("\nstopping everything ...")
-        env.stop()
     if not _no_children_left():
         return 1
-    _say(
-        f"  stopped in {time.monotonic() - stopping:.1f} s; the demo took {time.monotonic() - started:.1f} s"
-        " and left no process behind"
-    )
-    return 0
+    if status == 0:
+        _say(
+            f"  stopped in {time.monotonic() - stopping:.1f} s; the demo took"
+            f" {time.monotonic() - started:.1f} s and left no process behind"
+        )
+    return status
 
 
 def up_with_epp(args: argparse.Namespace) -> int:
@@ -163,19 +166,14 @@ def up_with_epp(args: argparse.Namespace) -> int:
 
     with _signals_raise_interrupt():
         try:
-            env.start()
-        except KeyboardInterrupt:
-            print("interrupted during start; stopping", file=sys.stderr, flush=True)
-            env.stop()
-            return 0
-        except StartError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            env.stop()
-            return 1
-        except BaseException:
-            env.stop()
-            raise
-        try:
+            try:
+                env.start()
+            except KeyboardInterrupt:
+                print("interrupted during start; stopping", file=sys.stderr, flush=True)
+                return 0
+            except StartError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, request_stop)
             _print_access(env, getattr(args, "write_kubeconfig", None))
@@ -200,7 +198,7 @@ class StartError(RuntimeError):
 
 
 class DemoEnvironment:
-    """Control plane + ``Stack`` in the ``demo`` namespace; ``stop()`` is idempotent and quiet."""
+    """Control plane + ``Stack`` in the ``demo`` namespace; ``stop()`` is idempotent."""
 
     def __init__(self, pods: int = 4, models: Sequence[ModelSpec] = DEMO_MODELS) -> None:
         self.pods = pods
@@ -623,7 +621,7 @@ class Report:
         names = [name for name, _ in self.pods]
         targets = sorted({t for per_pod in self.served.values() for t in per_pod})
         width = max([len("target model"), *(len(t) for t in targets)]) + 2
-        col = max(12, *(len(n) + 2 for n in names))
+        col = max(12, *(len(n) + 2 for n in names), *(len(a.split(":")[0]) + 2 for _, a in self.pods))
         lines = ["Requests per pod and target model (counted by the simulators)"]
         lines.append(f"{'target model':<{width}}" + "".join(f"{n:>{col}}" for n in names) + f"{'total':>8}")
         lines.append(f"{'':<{width}}" + "".join(f"{a.split(':')[0]:>{col}}" for _, a in self.pods))
@@ -638,7 +636,7 @@ class Report:
         )
         lines.append(
             f"(Envoy logged {self.envoy_entries} requests: {sum(envoy)} sent to a pod,"
-            f" {self.envoy_entries - sum(envoy)} answered by the EPP through Envoy without one, e.g. shed)"
+            f" {self.envoy_entries - sum(envoy)} never reached one (shed or rejected by the EPP))"
         )
         return "\n".join(lines)
 

@@ -37,13 +37,19 @@ from typing import Any, Final, Literal, Self
 
 from harness.binaries import envoy_path
 from harness.ports import PortReservation, reserve_port
-from harness.process import TEMP_DIR_PREFIX, ManagedProcess, http_health_check
+from harness.process import ManagedProcess, http_health_check, temp_prefix
 
 with warnings.catch_warnings():
     # envoy-data-plane 2.2's generated classes use a validator form pydantic 2.12 deprecates; the
     # warning fires once at import and says nothing about this code.
     warnings.filterwarnings("ignore", message=".*model_validator.*", category=DeprecationWarning)
-    from envoy_data_plane.envoy.config.accesslog.v3 import AccessLog
+    from envoy_data_plane.envoy.config.accesslog.v3 import (
+        AccessLog,
+        AccessLogFilter,
+        ComparisonFilter,
+        ComparisonFilterOp,
+        StatusCodeFilter,
+    )
     from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
     from envoy_data_plane.envoy.config.cluster.v3 import (
         Cluster,
@@ -53,10 +59,12 @@ with warnings.catch_warnings():
     )
     from envoy_data_plane.envoy.config.core.v3 import (
         Address,
+        DataSource,
         GrpcService,
         GrpcServiceEnvoyGrpc,
         Http2ProtocolOptions,
         Node,
+        RuntimeUInt32,
         SocketAddress,
         SubstitutionFormatString,
         TransportSocket,
@@ -89,6 +97,8 @@ with warnings.catch_warnings():
         HttpConnectionManager,
         HttpConnectionManagerCodecType,
         HttpFilter,
+        LocalReplyConfig,
+        ResponseMapper,
     )
     from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
         CertificateValidationContext,
@@ -100,6 +110,7 @@ with warnings.catch_warnings():
         HttpProtocolOptionsExplicitHttpConfig,
     )
     from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPathSegment
+    from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
     from envoy_data_plane.google.protobuf import Any as AnyProto
     from envoy_data_plane.google.protobuf import Struct, Value
 
@@ -177,6 +188,9 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
             timeout=_seconds(options.ext_proc_timeout_s),
         ),
         failure_mode_allow=False,
+        # The EPP itself never answers 502, so a 502 local reply means "no answer from the picker";
+        # `gateway_error_replies()` gives it a body a client can read.
+        status_on_error=HttpStatus(code=StatusCode.BadGateway),
         message_timeout=_seconds(options.message_timeout_s),
         processing_mode=ProcessingMode(
             request_header_mode=header.SEND,
@@ -189,6 +203,43 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
         metadata_options=MetadataOptions(
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE])
         ),
+    )
+
+
+def gateway_error_replies() -> LocalReplyConfig:
+    """A readable OpenAI-style JSON body for Envoy's own 502s (picker unreachable, upstream failure).
+
+    Only 502 is mapped: the EPP's ImmediateResponses are local replies too and already carry JSON.
+    The body names Envoy's response-code details, which say which hop failed.
+    """
+    message = "gateway could not route the request (endpoint picker or model server unreachable): "
+    return LocalReplyConfig(
+        mappers=[
+            ResponseMapper(
+                filter=AccessLogFilter(
+                    status_code_filter=StatusCodeFilter(
+                        comparison=ComparisonFilter(
+                            op=ComparisonFilterOp.EQ,
+                            value=RuntimeUInt32(default_value=502, runtime_key="epp.gateway_error_status"),
+                        )
+                    )
+                ),
+                body_format_override=SubstitutionFormatString(
+                    text_format_source=DataSource(
+                        inline_string=json.dumps(
+                            {
+                                "error": {
+                                    "message": message + "%RESPONSE_CODE_DETAILS%",
+                                    "type": "GatewayError",
+                                    "code": 502,
+                                }
+                            }
+                        )
+                    ),
+                    content_type="application/json",
+                ),
+            )
+        ]
     )
 
 
@@ -229,6 +280,7 @@ def build_bootstrap(
             ],
         ),
         http_filters=http_filters,
+        local_reply_config=gateway_error_replies(),
         access_log=[
             AccessLog(
                 name="envoy.access_loggers.file",
@@ -432,7 +484,7 @@ class Envoy:
             self._given_dir.mkdir(parents=True, exist_ok=True)
             self._dir = self._given_dir
         else:
-            self._dir = Path(tempfile.mkdtemp(prefix=f"{TEMP_DIR_PREFIX}envoy-"))
+            self._dir = Path(tempfile.mkdtemp(prefix=temp_prefix("envoy")))
         self.bootstrap = build_bootstrap(
             listener_port=self.port,
             admin_port=self.admin_port,

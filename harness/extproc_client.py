@@ -139,6 +139,30 @@ class ExtProcClient:
             messages += [body_message(p, end_of_stream=i == len(parts) - 1) for i, p in enumerate(parts)]
         return summarise(self.exchange(messages))
 
+    def round_trip(
+        self,
+        body: bytes,
+        response_headers: Mapping[str, str],
+        response_chunks: Sequence[bytes],
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> ExtProcResult:
+        """A request and then its response, as Envoy streams both through the processor.
+
+        The request part is summarised as by `route` (the response side never changes anything);
+        if the EPP rejects the request the exchange stops there, as it would in Envoy.
+        """
+        chunks = list(response_chunks) or [b""]
+        messages = [
+            headers_message(dict(headers) if headers is not None else request_headers()),
+            body_message(body, end_of_stream=True),
+            headers_message(response_headers, response=True),
+        ]
+        messages += [
+            body_message(c, end_of_stream=i == len(chunks) - 1, response=True) for i, c in enumerate(chunks)
+        ]
+        return summarise(self.exchange(messages))
+
 
 def _cert_name(pem: str) -> str:
     from cryptography import x509

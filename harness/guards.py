@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -160,9 +161,13 @@ def _retry_iteration(registry: Iterable[asyncio.Task[Any]]) -> list[asyncio.Task
     return []
 
 
-def kill_children(before: Snapshot) -> None:
-    """SIGKILL children that are new since ``before``, so one leaking test does not burden the rest."""
+def clean_up_leaks(before: Snapshot) -> None:
+    """After reporting: SIGKILL new children and remove new temp dirs, so one leak does not burden
+    the rest of the run (threads and tasks cannot be stopped from outside)."""
     for child in child_processes():
         if child not in before.children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGKILL)
+    for directory in harness_temp_dirs():
+        if directory not in before.temp_dirs:
+            shutil.rmtree(directory, ignore_errors=True)

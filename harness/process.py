@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import http.client
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -29,7 +30,7 @@ import tempfile
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -281,6 +282,60 @@ def stop_detached(process: DetachedProcess, timeout: float = DEFAULT_STOP_TIMEOU
     finally:
         if process.dir:
             shutil.rmtree(process.dir, ignore_errors=True)
+
+
+def sweep_orphans(protected: Collection[str] = (), root: str | None = None) -> list[str]:
+    """Clean up after harness processes that died without cleaning up (SIGKILL, a CI timeout).
+
+    A temp dir named by ``temp_prefix`` whose owner pid is gone is an orphan: any process still
+    running with the dir on its command line (an etcd whose harness was killed) is SIGKILLed with its
+    group, then the dir is removed. ``protected`` dirs are left alone even if their owner is gone (a
+    control plane detached by an exited xdist worker and still used by its run). A reused owner pid
+    only makes the sweep skip a dir, never remove a live one. Returns the removed dirs.
+    ``root`` defaults to ``tempfile.gettempdir()``.
+    """
+    root = root if root is not None else tempfile.gettempdir()
+    pattern = re.compile(rf"^{re.escape(TEMP_DIR_PREFIX)}(\d+)-")
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = pattern.match(name)
+        path = os.path.join(root, name)
+        if match is None or path in protected or _pid_exists(int(match.group(1))):
+            continue
+        for pid in _processes_mentioning(path):
+            _killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    needle = text.encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if needle in Path(entry.path, "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
 
 
 # ---------------------------------------------------------------------- process-group plumbing

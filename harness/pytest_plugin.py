@@ -38,7 +38,7 @@ from filelock import FileLock
 
 from harness import guards
 from harness.controlplane import ClusterAccess, ControlPlane
-from harness.process import temp_prefix
+from harness.process import TEMP_DIR_PREFIX, sweep_orphans, temp_prefix
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -71,9 +71,21 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_RUN_DIR] = Path(workerinput[_WORKERINPUT_KEY])
         config.stash[_OWNS_RUN_DIR] = False
         return
+    sweep_orphans(_planes_in_use())
     config.stash[_RUN_DIR] = Path(tempfile.mkdtemp(prefix=temp_prefix("run")))
     config.stash[_OWNS_RUN_DIR] = True
     _stop_on_sigterm(config)
+
+
+def _planes_in_use() -> list[str]:
+    """Control-plane dirs recorded by live runs (their starting worker may have exited already)."""
+    in_use = []
+    for state_file in Path(tempfile.gettempdir()).glob(f"{TEMP_DIR_PREFIX}*-run-*/{_STATE_FILE}"):
+        owner = state_file.parent.name.removeprefix(TEMP_DIR_PREFIX).split("-", 1)[0]
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.kill(int(owner), 0)  # raises if the run's owner is gone: then nothing is in use
+            in_use.append(str(json.loads(state_file.read_text())["root"]))
+    return in_use
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -214,5 +226,5 @@ def _harness_leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     leaks = guards.find_leaks(before)
     if leaks:
-        guards.kill_children(before)
+        guards.clean_up_leaks(before)
         pytest.fail("test left behind:\n  " + "\n  ".join(leaks), pytrace=False)

@@ -83,7 +83,7 @@ def shared_stack(control_plane: ClusterAccess, shared_stack_options: StackOption
         _delete_namespace(control_plane, shared_stack_options.namespace)
     leaks = guards.find_leaks(before)
     if leaks:
-        guards.kill_children(before)
+        guards.clean_up_leaks(before)
         pytest.fail("the shared Stack left behind:\n  " + "\n  ".join(leaks), pytrace=False)
 
 

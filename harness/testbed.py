@@ -11,19 +11,23 @@ HTTP endpoints, and comes out through ext_proc, health, /metrics and /debug/data
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from harness.addresses import AddressPool
 from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
 from harness.epp_inprocess import EppInProcess, EppSettings
 from harness.eventually import eventually
-from harness.extproc_client import ExtProcResult
-from harness.kube import Kube
+from harness.extproc_client import ExtProcResult, request_headers
+from harness.kube import Kube, response_json
 from harness.kubelet import Kubelet
 from harness.oracle import Verdict, compare, expected_state, observed_state
 from harness.sim import ModelServerSim, SimConfig, SimThread
@@ -31,6 +35,16 @@ from harness.sim import ModelServerSim, SimConfig, SimThread
 DEFAULT_POOL = "pool"
 DEFAULT_PORT = 8000
 DEFAULT_APP_LABEL = "app"
+
+# `set_gauges` keyword -> the key of a pod's metrics in the EPP's /debug/datastore view.
+_VIEW_KEYS: Final = {
+    "waiting": "waitingQueueSize",
+    "running": "runningQueueSize",
+    "kv_cache": "kvCacheUsagePercent",
+    "running_loras": "activeModels",
+    "waiting_loras": "waitingModels",
+    "max_lora": "maxActiveModels",
+}
 
 
 @dataclass
@@ -68,6 +82,7 @@ class TestBed:
         self.pods: dict[str, SimulatedPod] = {}
         self._addresses = AddressPool()
         self._port = DEFAULT_PORT
+        self._namespaces: list[str] = []  # created by `create_namespace`, deleted (not awaited) at close
         self.epp = EppInProcess(
             EppSettings(
                 pool_name=pool_name,
@@ -102,6 +117,12 @@ class TestBed:
                     sim.stop()
             self.pods.clear()
             self._addresses.release_all()
+            core = client.CoreV1Api(self.kube.api_client)
+            for namespace in self._namespaces:
+                # No namespace controller: it would stay Terminating forever, so never wait for it.
+                with contextlib.suppress(ApiException):
+                    core.delete_namespace(namespace, _request_timeout=10)
+            self._namespaces.clear()
 
     def __enter__(self) -> TestBed:
         return self
@@ -240,15 +261,120 @@ class TestBed:
         eventually(lambda: self._assert_pod_gone(name), timeout=10, message=f"pod {name} deleted")
         return self.add_pod(name, labels).ip
 
-    def set_gauges(self, name: str, **gauges: Any) -> None:
-        for sim in self.pods[name].sims.values():
+    def set_gauges(self, name: str, *, port: int | None = None, **gauges: Any) -> None:
+        """Pin the gauges of the pod's simulators (`ModelServerSim.set_gauges` keywords).
+
+        With `port`, only the simulator on that port: a pod serving on two ports then reports
+        different numbers on each, which shows which port the EPP scrapes.
+        """
+        pod = self.pods[name]
+        sims = [pod.sims[port]] if port is not None else list(pod.sims.values())
+        for sim in sims:
             sim.sim.set_gauges(**gauges)
+
+    def pod_stop_serving(self, name: str, port: int | None = None) -> None:
+        """Stop the pod's simulator (on `port`, or all), with no API event: scrapes start failing.
+
+        The pod stays Ready in the API and keeps its address, like a hung model server.
+        """
+        pod = self.pods[name]
+        for p in [port] if port is not None else list(pod.sims):
+            pod.sims.pop(p).stop()
 
     def pod_for_endpoint(self, endpoint: str | None) -> str | None:
         if endpoint is None:
             return None
         ip = endpoint.rsplit(":", 1)[0]
         return next((p.name for p in self.pods.values() if p.ip == ip), None)
+
+    # ------------------------------------------------------------------ what the EPP holds
+    def view(self) -> dict[str, Any]:
+        """The EPP's /debug/datastore document."""
+        return self.epp.datastore_view()
+
+    def datastore_pods(self) -> dict[str, str]:
+        """Pods the EPP holds: name -> address (names alone; `verdict()` compares with namespaces)."""
+        return {p["name"]: p["address"] for p in self.view()["pods"]}
+
+    def datastore_models(self) -> dict[str, str]:
+        """Models the EPP holds: modelName -> the owning object's name."""
+        return {m["modelName"]: m["name"] for m in self.view()["models"]}
+
+    def pod_view(self, name: str) -> dict[str, Any] | None:
+        """This namespace's pod `name` as the datastore view shows it (metrics and their age), or None."""
+        return next(
+            (p for p in self.view()["pods"] if p["namespace"] == self.namespace and p["name"] == name),
+            None,
+        )
+
+    def eventually_gauges(self, name: str, timeout: float = 10.0, **gauges: Any) -> dict[str, Any]:
+        """Wait until the datastore view shows, for pod `name`, the gauges given (`set_gauges` keywords).
+
+        Routing on pinned gauges is only meaningful once a scrape carried them into the datastore.
+        Returns the pod's view entry.
+        """
+        unknown = set(gauges) - set(_VIEW_KEYS)
+        if unknown:
+            raise TypeError(f"unknown gauges: {sorted(unknown)}")
+
+        def check() -> dict[str, Any]:
+            pod = self.pod_view(name)
+            assert pod is not None, f"pod {name} not in the datastore"
+            metrics = pod["metrics"]
+            for gauge, want in gauges.items():
+                got = metrics[_VIEW_KEYS[gauge]]
+                if isinstance(want, (list, tuple, set, frozenset)):
+                    assert sorted(got) == sorted(want), f"{name}.{gauge}: datastore has {got}, want {want}"
+                else:
+                    assert math.isclose(got, want), f"{name}.{gauge}: datastore has {got}, want {want}"
+            return pod
+
+        return eventually(check, timeout=timeout, message=f"gauges of {name} scraped")
+
+    def eventually_stale(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Wait until pod `name`'s metrics are older than the EPP's staleness threshold."""
+        threshold = self.epp.settings.staleness_threshold
+
+        def check() -> dict[str, Any]:
+            pod = self.pod_view(name)
+            assert pod is not None, f"pod {name} not in the datastore"
+            age = pod["metricsAgeSeconds"]
+            assert age is None or age > threshold, f"{name}: metrics {age:.2f}s old, threshold {threshold}s"
+            return pod
+
+        return eventually(check, timeout=timeout, message=f"metrics of {name} stale")
+
+    # ------------------------------------------------------------------ the API server itself
+    def server_time(self) -> str:
+        """The API server's clock, as a creationTimestamp (RFC 3339, whole seconds) of a throwaway object."""
+        core = client.CoreV1Api(self.kube.api_client)
+        body = client.V1ConfigMap.model_validate({"metadata": {"generateName": "clock-"}})
+        created = response_json(
+            core.create_namespaced_config_map(self.namespace, body, _preload_content=False)
+        )
+        core.delete_namespaced_config_map(created["metadata"]["name"], self.namespace)
+        return str(created["metadata"]["creationTimestamp"])
+
+    def eventually_server_time_after(self, timestamp: str, timeout: float = 5.0) -> str:
+        """Wait until the API server stamps new objects later than `timestamp` (1 s resolution)."""
+
+        def later() -> str:
+            now = self.server_time()
+            assert now > timestamp, f"server time {now} not yet after {timestamp}"
+            return now
+
+        return eventually(later, timeout=timeout, interval=0.1, message="API server clock moved on")
+
+    def create_namespace(self, suffix: str) -> str:
+        """Another namespace named after this one; deleted (without waiting) at close."""
+        name = f"{self.namespace}-{suffix}"
+        core = client.CoreV1Api(self.kube.api_client)
+        body = client.V1Namespace.model_validate(
+            {"metadata": {"name": name, "labels": {"epp-harness/test": "true"}}}
+        )
+        core.create_namespace(body, _preload_content=False)
+        self._namespaces.append(name)
+        return name
 
     # ------------------------------------------------------------------ requests
     def route(
@@ -263,8 +389,6 @@ class TestBed:
     ) -> ExtProcResult:
         client_ = self.epp.ext_proc()
         if bodyless:
-            from harness.extproc_client import request_headers
-
             return client_.route(None, headers=headers or request_headers("/v1/models", method="GET"))
         if body is None:
             payload: dict[str, Any] = {"prompt": prompt, "max_tokens": 4}
@@ -272,6 +396,35 @@ class TestBed:
                 payload["model"] = model
             return client_.route(payload, headers=headers, chunks=chunks)
         return client_.route(body, headers=headers, chunks=chunks)
+
+    def routed_pod(self, model: str | None, **route_args: Any) -> str:
+        """Route one request that must succeed; the name of the pod it went to.
+
+        Also checks the two ways the destination is told to Envoy (metadata and header) agree.
+        """
+        result = self.route(model, **route_args)
+        assert result.status == 200, f"{result.status}: {result.message}"
+        assert result.endpoint == result.header_endpoint, result
+        pod = self.pod_for_endpoint(result.endpoint)
+        assert pod is not None, f"endpoint {result.endpoint} is not a pod of this test bed"
+        return pod
+
+    def route_and_respond(
+        self,
+        model: str,
+        response_chunks: Sequence[bytes],
+        *,
+        content_type: str = "text/event-stream",
+        status: int = 200,
+        prompt: str = "hello",
+    ) -> ExtProcResult:
+        """One whole exchange: the request, then the model server's response headers and body chunks."""
+        payload = {"model": model, "prompt": prompt, "max_tokens": 4, "stream": True}
+        return self.epp.ext_proc().round_trip(
+            json.dumps(payload).encode(),
+            {":status": str(status), "content-type": content_type},
+            response_chunks,
+        )
 
     # ------------------------------------------------------------------ the oracle
     def verdict(self) -> Verdict:

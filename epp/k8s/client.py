@@ -8,6 +8,7 @@ informer's cue to relist. aiohttp exceptions never leave this module untranslate
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 
 from epp.api.types import API_GROUP, API_VERSION
 from epp.k8s.config import KubeConfig
@@ -28,6 +30,8 @@ DEFAULT_WATCH_TIMEOUT = 300.0
 DEFAULT_PAGE_SIZE = 500
 # The server ends a watch after timeoutSeconds; a read silent for longer than that means a dead link.
 WATCH_READ_GRACE = 30.0
+# How long close() waits for connections a watch dropped mid-stream to finish closing (TLS shutdown).
+CLOSE_GRACE = 5.0
 USER_AGENT = "epp/0.1 (inference endpoint picker)"
 
 
@@ -68,6 +72,10 @@ class KubeClient:
         self._config = config
         self._request_timeout = request_timeout
         self._session: aiohttp.ClientSession | None = None
+        # Connections a watch abandoned mid-stream (cancelled, stopped early): aiohttp closes them
+        # without waiting, and over TLS the close_notify exchange still needs the loop. `close()`
+        # waits for them, so an owner that closes the loop next never leaves a half-closed socket.
+        self._closing: set[asyncio.Future[None]] = set()
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -81,6 +89,8 @@ class KubeClient:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+        if self._closing:
+            await asyncio.wait(set(self._closing), timeout=CLOSE_GRACE)
 
     async def list(
         self,
@@ -129,8 +139,10 @@ class KubeClient:
             total=None, connect=self._request_timeout, sock_read=timeout_seconds + WATCH_READ_GRACE
         )
         url = self._config.server + resource.path(namespace)
+        handler: ResponseHandler | None = None
         try:
             async with self._session_get().get(url, params=params, timeout=timeout, **self._extra()) as resp:
+                handler = resp.connection.protocol if resp.connection is not None else None
                 if resp.status != 200:
                     raise await _api_error(resp)
                 pending = bytearray()
@@ -145,6 +157,25 @@ class KubeClient:
                     yield _event(bytes(pending))
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubeConnectionError(f"watch {url}: {exc!r}") from exc
+        finally:
+            if handler is not None:
+                self._track_closing(handler)
+
+    def _track_closing(self, handler: ResponseHandler) -> None:
+        """Remember a connection still closing after its response ended (see `_closing`)."""
+        transport = handler.transport
+        if transport is not None and not transport.is_closing():
+            return  # back in the pool: the session's close waits for those
+        closed = handler.closed  # None once the connection is fully gone
+        if closed is not None and not closed.done():
+            self._closing.add(closed)
+            closed.add_done_callback(self._closing_done)
+
+    def _closing_done(self, closed: asyncio.Future[None]) -> None:
+        self._closing.discard(closed)
+        if not closed.cancelled():
+            # A stream we walked away from ends in a TLS error (data after close_notify): expected.
+            closed.exception()
 
     async def _get_json(self, path: str, params: Mapping[str, str]) -> JsonObject:
         url = self._config.server + path

@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import httpx2
 import openai
 
 from harness.eventually import eventually
@@ -37,7 +38,25 @@ def openai_client(stack: Stack, **options: Any) -> Iterator[openai.OpenAI]:
 
 def error_text(err: openai.APIStatusError) -> str:
     """What the client can read about an error: the OpenAI-style ``error.message``, else the raw body."""
-    body = err.body
+    return _message_of(err.body)
+
+
+def http_error_text(response: httpx2.Response) -> str:
+    """The same, for a raw HTTP response."""
+    try:
+        body: object = response.json()
+    except ValueError:
+        body = response.text
+    return _message_of(body)
+
+
+def assert_readable_error(err: openai.APIStatusError, message: str) -> None:
+    """The EPP's message reaches the client: in the body, and in the SDK's exception text."""
+    assert error_text(err) == message
+    assert message in str(err), f"the SDK shows only {str(err)!r}"
+
+
+def _message_of(body: object) -> str:
     if isinstance(body, dict):
         inner = body.get("error", body)
         message = inner.get("message") if isinstance(inner, dict) else None

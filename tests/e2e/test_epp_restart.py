@@ -61,11 +61,6 @@ def test_epp_killed_fails_closed_and_restarted_routes_again(stack_factory: Stack
         assert eventually(routed, message="routing resumes after the EPP restarts") in pods
 
 
-@pytest.mark.xfail(
-    reason="Envoy answers an ext_proc failure with an empty 500 body (details only in its access log: "
-    "ext_proc_error_gRPC_error_14{...}); needs a local_reply_config body in harness/envoy.py",
-    strict=True,
-)
 def test_client_sees_a_readable_message_while_the_epp_is_down(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=0)
     assert stack.epp is not None
@@ -73,4 +68,7 @@ def test_client_sees_a_readable_message_while_the_epp_is_down(stack_factory: Sta
     with openai_client(stack) as client, pytest.raises(openai.InternalServerError) as caught:
         client.completions.create(model=MODEL, prompt="hello", max_tokens=1)
 
-    assert error_text(caught.value).strip()
+    assert caught.value.status_code == 502
+    message = error_text(caught.value)
+    assert "endpoint picker" in message, message
+    assert "ext_proc" in message, "the message names the hop that failed"

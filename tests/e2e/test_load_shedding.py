@@ -16,9 +16,9 @@ from harness.stack import BASE_MODEL, Stack
 
 from .support import (
     access_log_since,
+    assert_readable_error,
     bed,
     endpoint,
-    error_text,
     openai_client,
     served_by,
     settled_access_log,
@@ -79,7 +79,7 @@ def test_non_critical_request_is_shed_with_429(saturated: Stack, model: str) -> 
             with pytest.raises(openai.RateLimitError) as caught:
                 client.completions.create(model=model, prompt="whenever", max_tokens=1)
             assert caught.value.status_code == 429
-            assert error_text(caught.value) == "dropping request due to limited backend resources"
+            assert_readable_error(caught.value, "dropping request due to limited backend resources")
 
     entries = access_log_since(saturated, log_start)
     assert [e["status"] for e in entries] == [429] * REQUESTS_PER_CASE

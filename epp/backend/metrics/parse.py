@@ -12,7 +12,10 @@ Rules (epp-behaviour.md §4.1, §4.3, §4.4, with DESIGN.md's fallback):
   entered) wins; series whose running and waiting labels are both empty are skipped, and when none
   remains the adapters are kept as they were (#423). Adapter lists are split on commas; unlike
   upstream, names are stripped and empty names dropped, since a name with spaces can never match a
-  model. A `max_lora` that is not an integer adds an error and leaves the field unchanged.
+  model. `max_lora` is the server's configuration, the same on every series, so it is read from the
+  newest series even when that one lists no adapters (upstream skipped those, so a pod that had
+  never run an adapter looked unable to load one). A `max_lora` that is not an integer adds an error
+  and leaves the field unchanged.
 - Non-finite gauge values (NaN, ±Inf) are errors: one NaN must not poison the scheduler's ordering.
 """
 
@@ -113,11 +116,13 @@ def parse_page(text: str, plan: MetricPlan, previous: Metrics, now: float) -> Pa
         series = scan.series(plan.lora_info.name, errors)
         if series:
             found += 1
-            best = _latest_lora(series, plan.lora_info)
+            newest = _latest_lora(series, plan.lora_info, require_adapters=False)
+            if newest is not None:
+                max_lora = _max_lora(newest.labels.get(LORA_MAX_LABEL, ""), errors, max_lora)
+            best = _latest_lora(series, plan.lora_info, require_adapters=True)
             if best is not None:
                 active = _adapters(best.labels.get(LORA_RUNNING_LABEL, ""))
                 waiting_models = _adapters(best.labels.get(LORA_WAITING_LABEL, ""))
-                max_lora = _max_lora(best.labels.get(LORA_MAX_LABEL, ""), errors, max_lora)
 
     metrics = Metrics(
         waiting_queue_size=waiting,
@@ -181,13 +186,13 @@ class _Scanner:
         return best.value
 
 
-def _latest_lora(series: list[Series], spec: MetricSpec) -> Series | None:
+def _latest_lora(series: list[Series], spec: MetricSpec, *, require_adapters: bool) -> Series | None:
     best: Series | None = None
     best_value = -math.inf
     for s in series:
         if spec.labels and not spec.matches(s.labels):
             continue
-        if not s.labels.get(LORA_RUNNING_LABEL) and not s.labels.get(LORA_WAITING_LABEL):
+        if require_adapters and not s.labels.get(LORA_RUNNING_LABEL) and not s.labels.get(LORA_WAITING_LABEL):
             continue
         value = s.value if not math.isnan(s.value) else -math.inf
         if best is None or value > best_value:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness import guards
-from harness.binaries import kubectl_path
+from harness.binaries import CACHE_ENV, cache_root, kubectl_path
+from harness.controlplane import ClusterAccess
 from harness.kube_apiserver_build import KUBERNETES_VERSION
 
 pytestmark = pytest.mark.integration
@@ -133,7 +134,17 @@ def test_uses_the_shared_plane(control_plane, namespace, n):
 """
 
 
-def test_xdist_run_shares_one_control_plane_and_leaves_nothing(pytester: pytest.Pytester) -> None:
+@pytest.fixture(scope="session")
+def real_cache_root() -> Path:
+    """The harness cache as seen before pytester points HOME at its temp dir (session scope: set up first)."""
+    return cache_root()
+
+
+def test_xdist_run_shares_one_control_plane_and_leaves_nothing(
+    real_cache_root: Path, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # keep the real cache (kube-apiserver binary, port locks) for the inner run
+    monkeypatch.setenv(CACHE_ENV, str(real_cache_root))
     pytester.makepyfile(test_inner=INNER_TESTS)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", timeout=300)
     result.assert_outcomes(passed=6)
@@ -161,3 +172,26 @@ def _cmdlines() -> list[str]:
             except OSError:
                 continue
     return lines
+
+
+EXTERNAL_TESTS = """
+from pathlib import Path
+
+def test_uses_the_given_cluster(control_plane, namespace):
+    Path(__file__).with_name("server.txt").write_text(control_plane.server_url)
+"""
+
+
+def test_kubeconfig_option_uses_an_existing_cluster(
+    real_cache_root: Path,
+    control_plane: ClusterAccess,
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(real_cache_root))
+    pytester.makepyfile(test_external=EXTERNAL_TESTS)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--kubeconfig", str(control_plane.kubeconfig_path), timeout=120
+    )
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "server.txt").read_text() == control_plane.server_url

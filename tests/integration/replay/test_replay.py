@@ -34,7 +34,8 @@ def test_example_replays_consistently(scenario: Path, control_plane: ClusterAcce
     assert run.returncode == 0, run.stdout + run.stderr
     steps = re.findall(r"^\[(\d+)\]", run.stdout, re.M)
     verdicts = re.findall(r"^\s+oracle:\s+consistent", run.stdout, re.M)
-    assert steps and len(verdicts) == len(steps), run.stdout
+    assert steps, run.stdout
+    assert len(verdicts) == len(steps), run.stdout
     assert f"all {len(steps)} steps consistent" in run.stdout
 
 
@@ -63,7 +64,9 @@ def test_diverging_scenario_names_the_step(tmp_path: Path, control_plane: Cluste
         pytest.param("steps:\n  - add_pod: {name: p1, colour: red}\n", "unknown keys ['colour']", id="typo"),
     ],
 )
-def test_malformed_scenario_is_rejected_before_anything_starts(tmp_path: Path, text: str, message: str) -> None:
+def test_malformed_scenario_is_rejected_before_anything_starts(
+    tmp_path: Path, text: str, message: str
+) -> None:
     scenario = tmp_path / "bad.yaml"
     scenario.write_text(text)
     run = replay(scenario, timeout=60)

@@ -163,20 +163,25 @@ def reference_metrics(text: str, previous: Metrics, now: float) -> Metrics:
     if not reference_series(text, kv_name) and reference_series(text, "vllm:gpu_cache_usage_perc"):
         kv_name = "vllm:gpu_cache_usage_perc"
     kv = gauge(kv_name)
-    lora = [
+    every_lora = [
         (labels, -math.inf if math.isnan(v) else v)
         for labels, v, _ in reference_series(text, "vllm:lora_requests_info")
+    ]
+    with_adapters = [
+        (labels, v)
+        for labels, v in every_lora
         if labels.get("running_lora_adapters") or labels.get("waiting_lora_adapters")
     ]
     active, waiting_models = previous.active_models, previous.waiting_models
     max_lora = previous.max_active_models
-    if lora:
-        labels = max(lora, key=lambda lv: lv[1])[0]  # max() keeps the first of equal values
-        active = split(labels.get("running_lora_adapters", ""))
-        waiting_models = split(labels.get("waiting_lora_adapters", ""))
-        raw = labels.get("max_lora", "")
+    if every_lora:  # max_lora: the newest series, adapters or not; max() keeps the first of equals
+        raw = max(every_lora, key=lambda lv: lv[1])[0].get("max_lora", "")
         if raw.isascii() and raw.isdigit():
             max_lora = int(raw)
+    if with_adapters:
+        labels = max(with_adapters, key=lambda lv: lv[1])[0]
+        active = split(labels.get("running_lora_adapters", ""))
+        waiting_models = split(labels.get("waiting_lora_adapters", ""))
     return Metrics(
         waiting_queue_size=int(waiting) if usable(waiting) else previous.waiting_queue_size,  # type: ignore[arg-type]
         running_queue_size=int(running) if usable(running) else previous.running_queue_size,  # type: ignore[arg-type]

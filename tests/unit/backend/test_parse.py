@@ -195,8 +195,17 @@ def test_only_empty_lora_series_keeps_adapters() -> None:
     assert errors == []
     assert metrics.active_models == PREVIOUS.active_models
     assert metrics.waiting_models == PREVIOUS.waiting_models
-    assert metrics.max_active_models == PREVIOUS.max_active_models
     assert metrics.waiting_queue_size == 7
+
+
+def test_max_lora_comes_from_the_newest_series_even_without_adapters() -> None:
+    """max_lora is server configuration: a pod that never ran an adapter still has free slots."""
+    page = QUEUE + KV + lora_line('max_lora="3",running_lora_adapters="",waiting_lora_adapters=""', "5")
+    fresh_pod = Metrics()
+    metrics, errors = parse(page + RUNNING, NAMES, fresh_pod, NOW)
+    assert errors == []
+    assert metrics.max_active_models == 3
+    assert metrics.active_models == frozenset()
 
 
 @pytest.mark.parametrize("bad", ["x", "1.5", "-1", "1_0"])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +12,7 @@ import pytest
 
 from harness import guards
 from harness.eventually import eventually
-from harness.process import ManagedProcess, ProcessStartError, stop_detached
+from harness.process import ManagedProcess, ProcessStartError, stop_detached, sweep_orphans
 
 IGNORE_SIGTERM = """
 import signal, time
@@ -103,8 +106,8 @@ def test_stop_takes_the_whole_process_group() -> None:
     assert pid is not None
     grandchildren = eventually(lambda: _assert_children(pid, 2))
     process.stop()
-    for child in grandchildren:
-        _gone(child.pid)
+    for child in grandchildren:  # not our children: they die (and are reaped) asynchronously
+        eventually(functools.partial(_gone, child.pid))
 
 
 def test_detached_process_is_stopped_by_stop_detached() -> None:
@@ -134,3 +137,36 @@ def _assert_children(pid: int, count: int) -> list[guards.ChildProcess]:
     children = guards.child_processes(pid)
     assert len(children) == count, children
     return children
+
+
+def test_sweep_orphans_stops_what_a_dead_owner_left(tmp_path: Path) -> None:
+    dead_pid = _exited_pid()
+    orphan = tmp_path / f"epp-harness-{dead_pid}-cp-x"
+    protected = tmp_path / f"epp-harness-{dead_pid}-cp-y"
+    mine = tmp_path / f"epp-harness-{os.getpid()}-cp-z"
+    for directory in (orphan, protected, mine):
+        directory.mkdir()
+    straggler = subprocess.Popen(  # like an etcd whose harness was SIGKILLed: the dir is in its argv
+        [sys.executable, "-c", "import time; time.sleep(300)", f"--data-dir={orphan}/etcd"],
+        start_new_session=True,
+    )
+    try:
+        eventually(functools.partial(_assert_argv_mentions, straggler.pid, str(orphan)))  # exec settles
+        removed = sweep_orphans(protected=[str(protected)], root=str(tmp_path))
+        assert removed == [str(orphan)]
+        assert straggler.wait(timeout=10) == -9
+        assert protected.is_dir()
+        assert mine.is_dir()
+    finally:
+        straggler.kill()
+        straggler.wait()
+
+
+def _assert_argv_mentions(pid: int, text: str) -> None:
+    assert text.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def _exited_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid

@@ -80,7 +80,5 @@ def test_integration_e2e_and_harness_never_write_the_datastore() -> None:
     mutators = datastore_mutators()
     files = guarded_files()
     assert files, "nothing to check: the guarded trees are empty"
-    problems = {
-        str(p.relative_to(ROOT)): v for p in files if (v := violations(p.read_text(), mutators))
-    }
+    problems = {str(p.relative_to(ROOT)): v for p in files if (v := violations(p.read_text(), mutators))}
     assert not problems, f"state injected behind the API server's back: {problems}"

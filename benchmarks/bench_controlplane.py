@@ -1,0 +1,120 @@
+"""Control-plane costs: cold start (etcd + kube-apiserver + CRDs) and the per-test namespace fixture.
+
+- **Cold start**: ``ControlPlane(install_crds=True)`` from nothing to ready (``/readyz`` OK, the
+  ``default`` namespace present, CRDs Established and in discovery), binaries already cached; then a
+  stop. Median of ``--runs`` (default 5). Target (issue 2): ≤ 8 s on this 2-core machine.
+- **Namespace fixture**: what the ``namespace`` fixture does per test (create a namespace, request
+  its deletion without waiting), timed directly against one control plane; and end to end, as the
+  difference between two inner pytest runs against that same cluster (``--kubeconfig``) with N tests
+  that do and do not use the fixture, divided by N. Target: ≤ 100 ms.
+
+Prints figures, asserts nothing:
+
+    .venv/bin/python benchmarks/bench_controlplane.py [--runs 5] [--namespaces 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from kubernetes import client
+
+from harness.controlplane import ControlPlane
+from harness.kube_apiserver_build import ensure_kube_apiserver
+from harness.pytest_plugin import namespace_name
+
+INNER_WITH = """
+import pytest
+@pytest.mark.parametrize("n", range({n}))
+def test_with_namespace(namespace, n):
+    pass
+"""
+INNER_WITHOUT = """
+import pytest
+@pytest.mark.parametrize("n", range({n}))
+def test_without_namespace(control_plane, n):
+    pass
+"""
+
+
+def bench_cold_start(runs: int) -> list[float]:
+    durations = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        plane = ControlPlane(install_crds=True)
+        plane.start()
+        durations.append(time.perf_counter() - started)
+        plane.stop()
+    return durations
+
+
+def bench_namespace_direct(plane: ControlPlane, count: int) -> list[float]:
+    durations = []
+    for i in range(count):
+        started = time.perf_counter()
+        with plane.api_client() as api_client:
+            core = client.CoreV1Api(api_client)
+            name = namespace_name(f"bench-{i}")
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+            core.delete_namespace(name)
+        durations.append(time.perf_counter() - started)
+    return durations
+
+
+def bench_namespace_pytest(plane: ControlPlane, count: int) -> tuple[float, float]:
+    """Wall time of two inner pytest runs (same cluster), with and without the namespace fixture."""
+    times = []
+    with tempfile.TemporaryDirectory(prefix="bench-ns-") as directory:
+        for name, template in (("test_with.py", INNER_WITH), ("test_without.py", INNER_WITHOUT)):
+            path = Path(directory, name)
+            path.write_text(template.format(n=count))
+            command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kubeconfig",
+                       str(plane.kubeconfig_path), str(path)]  # fmt: skip
+            started = time.perf_counter()
+            subprocess.run(command, cwd=directory, check=True, capture_output=True)
+            times.append(time.perf_counter() - started)
+    return times[0], times[1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=5, help="cold starts to time (default %(default)s)")
+    parser.add_argument("--namespaces", type=int, default=50, help="namespaces per measurement")
+    args = parser.parse_args(argv)
+
+    binary = ensure_kube_apiserver()
+    print(f"kube-apiserver: {binary.path} ({binary.source})")
+
+    cold = bench_cold_start(args.runs)
+    print(
+        f"cold start etcd + kube-apiserver + CRDs: median {statistics.median(cold):.2f} s "
+        f"(min {min(cold):.2f}, max {max(cold):.2f}; runs: {', '.join(f'{d:.2f}' for d in cold)})"
+    )
+
+    with ControlPlane(install_crds=True) as plane:
+        direct = bench_namespace_direct(plane, args.namespaces)
+        print(
+            f"namespace fixture work (client + create + delete request), {args.namespaces} runs: "
+            f"median {statistics.median(direct) * 1000:.1f} ms, p90 "
+            f"{statistics.quantiles(direct, n=10)[-1] * 1000:.1f} ms"
+        )
+        with_ns, without_ns = bench_namespace_pytest(plane, args.namespaces)
+        per_test = (with_ns - without_ns) / args.namespaces
+        print(
+            f"namespace fixture end to end in pytest: {per_test * 1000:.1f} ms per test "
+            f"({args.namespaces} tests: {with_ns:.2f} s with, {without_ns:.2f} s without)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
