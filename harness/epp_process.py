@@ -6,8 +6,10 @@ on, as in production: Envoy's ext_proc cluster accepts the self-signed certifica
 
 from __future__ import annotations
 
+import os
 import sys
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +27,8 @@ class EppProcess:
     pool_namespace: str
     kubeconfig: Path
     extra_args: list[str] = field(default_factory=list)
+    # Added to the inherited environment: the scheduler's thresholds are env vars, as upstream.
+    extra_env: Mapping[str, str] = field(default_factory=dict)
     verbosity: int = 2
     _ports: dict[str, PortReservation] = field(default_factory=dict, init=False)
     _process: ManagedProcess | None = field(default=None, init=False)
@@ -53,6 +57,7 @@ class EppProcess:
             health_url=f"{self.metrics_url}/metrics",
             start_timeout=timeout,
             stop_timeout=10.0,
+            env={**os.environ, **self.extra_env},
         )
         self._process.start()
 

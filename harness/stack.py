@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ class StackOptions:
     )
     envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
     epp_args: Sequence[str] = ()
+    epp_env: Mapping[str, str] = field(default_factory=dict)
 
 
 class Stack:
@@ -95,7 +96,11 @@ class Stack:
         for i in range(opts.pods):
             self.bed.add_pod(f"{opts.pool_name}-{i}")
         self.epp = EppProcess(
-            opts.pool_name, opts.namespace, self.access.kubeconfig_path, extra_args=list(opts.epp_args)
+            opts.pool_name,
+            opts.namespace,
+            self.access.kubeconfig_path,
+            extra_args=list(opts.epp_args),
+            extra_env=dict(opts.epp_env),
         )
         self.epp.start()
         self.epp.wait_serving()
