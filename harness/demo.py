@@ -258,6 +258,8 @@ class DemoEnvironment:
             ]
         if self.stack is not None and self.stack.envoy is not None and not self.stack.envoy.running:
             dead.append("envoy")
+        if self.stack is not None and self.stack.epp is not None and not self.stack.epp.running:
+            dead.append("epp")
         return dead
 
     def log_tails(self) -> str:

@@ -88,7 +88,13 @@ class EppProcess:
 
     @property
     def running(self) -> bool:
-        return self._process is not None
+        """Started and still alive (a crash shows here, not only a `stop()`)."""
+        return self._process is not None and self._process.running
+
+    @property
+    def pid(self) -> int | None:
+        """The EPP's process id while it runs (for /proc readings in benchmarks)."""
+        return self._process.pid if self._process is not None else None
 
     @property
     def grpc_port(self) -> int:

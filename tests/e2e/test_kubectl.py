@@ -1,0 +1,112 @@
+"""What an operator does with kubectl takes effect on the data path, as seen through Envoy.
+
+The EPP only watches the API server; kubectl is just another client of it. So a model applied with
+`kubectl apply` becomes routable, `kubectl delete` makes it a 404, and `kubectl label` taking a pod
+out of the pool's selector stops its traffic: all observed with the openai SDK through Envoy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+
+import openai
+import pytest
+
+from harness.binaries import kubectl_path
+from harness.eventually import eventually
+from harness.stack import Stack
+from harness.stack_fixtures import StackFactory
+
+from .support import bed, endpoint, openai_client, served_by
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "kubectl-model"
+ADAPTER = "food-review-1"
+
+
+def kubectl(stack: Stack, *args: str, stdin: str | None = None) -> str:
+    run = subprocess.run(
+        [
+            str(kubectl_path()),
+            f"--kubeconfig={stack.access.kubeconfig_path}",
+            "-n",
+            stack.options.namespace,
+            *args,
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, f"kubectl {' '.join(args)} failed: {run.stderr}"
+    return run.stdout
+
+
+def manifest(stack: Stack) -> str:
+    return f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModel
+metadata:
+  name: {MODEL}
+spec:
+  modelName: {MODEL}
+  criticality: Critical
+  poolRef:
+    name: {stack.options.pool_name}
+  targetModels:
+  - name: {ADAPTER}
+"""
+
+
+def test_model_applied_with_kubectl_is_served_and_deleting_it_gives_404(stack_factory: StackFactory) -> None:
+    stack = stack_factory(pods=2)
+    with openai_client(stack) as client:
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+
+        assert "created" in kubectl(stack, "apply", "-f", "-", stdin=manifest(stack))
+        listed = kubectl(stack, "get", "inferencemodels")
+        assert MODEL in listed
+        assert ADAPTER not in listed, "printer columns show the pool, not targets"
+
+        def served() -> str:
+            reply = client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+            return reply.model
+
+        assert eventually(served, message="the kubectl-applied model is routable") == ADAPTER
+
+        kubectl(stack, "delete", "inferencemodel", MODEL)
+
+        def gone() -> None:
+            with pytest.raises(openai.NotFoundError):
+                client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+
+        eventually(gone, message="the deleted model answers 404")
+
+
+def test_pod_labelled_out_of_the_pool_with_kubectl_stops_getting_traffic(stack_factory: StackFactory) -> None:
+    stack = stack_factory(pods=2)
+    leaving, staying = sorted(bed(stack).pods)
+    address_to_pod = {endpoint(stack, name): name for name in (leaving, staying)}
+
+    kubectl(stack, "label", "pod", leaving, "app-")
+
+    def only_staying_serves() -> None:
+        with openai_client(stack) as client:
+            landed = Counter(
+                address_to_pod[served_by(raw.headers)]
+                for raw in (
+                    client.completions.with_raw_response.create(
+                        model="food-review", prompt="hi", max_tokens=1
+                    )
+                    for _ in range(20)
+                )
+            )
+        assert landed == {staying: 20}, f"requests per pod: {dict(landed)}"
+
+    eventually(only_staying_serves, message=f"{leaving} no longer receives traffic")
+    pods = kubectl(stack, "get", "pods", "-L", "app")
+    assert leaving in pods
