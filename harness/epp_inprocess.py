@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
-import urllib.request
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from epp.config import ProberConfig, ServerConfig
 from epp.k8s.client import KubeClient
 from epp.k8s.config import load_kubeconfig
 from epp.server.runner import Epp
+from harness import epp_probe
 from harness.extproc_client import ExtProcClient
 
 LOOPBACK = "127.0.0.1"
@@ -163,18 +160,10 @@ class EppInProcess:
         return self._client
 
     def datastore_view(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.metrics_url}/debug/datastore", timeout=5) as resp:
-            data: dict[str, Any] = json.load(resp)
-            return data
+        return epp_probe.datastore_view(self.metrics_url)
 
     def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"{self.metrics_url}/metrics", timeout=5) as resp:
-            return str(resp.read().decode())
+        return epp_probe.metrics_text(self.metrics_url)
 
     def health(self, service: str = "") -> str:
-        """SERVING / NOT_SERVING from the gRPC health service, as a kubelet probe would see it."""
-        with grpc.insecure_channel(f"{LOOPBACK}:{self._ports['health']}") as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=5
-            )
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+        return epp_probe.health(f"{LOOPBACK}:{self._ports['health']}", service)

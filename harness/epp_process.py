@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from harness import epp_probe
 from harness.eventually import eventually
 from harness.ports import LOOPBACK, PortReservation, reserve_port
 from harness.process import ManagedProcess
@@ -119,10 +117,8 @@ class EppProcess:
     def log_tail(self, lines: int = 40) -> str:
         return self._process.log_tail(lines) if self._process is not None else ""
 
-    def health(self) -> str:
-        with grpc.insecure_channel(f"{LOOPBACK}:{self.health_port}") as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    def health(self, service: str = "") -> str:
+        return epp_probe.health(f"{LOOPBACK}:{self.health_port}", service)
 
     def wait_serving(self, timeout: float = 30.0) -> None:
         def serving() -> None:
@@ -131,5 +127,7 @@ class EppProcess:
         eventually(serving, timeout=timeout, message=f"EPP serving pool {self.pool_name}")
 
     def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"{self.metrics_url}/metrics", timeout=5) as resp:
-            return str(resp.read().decode())
+        return epp_probe.metrics_text(self.metrics_url)
+
+    def datastore_view(self) -> dict[str, Any]:
+        return epp_probe.datastore_view(self.metrics_url)

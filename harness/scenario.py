@@ -20,7 +20,6 @@ from typing import Any
 
 import yaml
 
-from harness.eventually import eventually
 from harness.extproc_client import ExtProcResult
 from harness.testbed import TestBed
 
@@ -154,7 +153,7 @@ def _gauges(bed: TestBed, arg: Any) -> None:
     o = _opts(arg, ARGUMENTS["gauges"], "gauges")
     pod = str(o.pop("pod"))
     bed.set_gauges(pod, **o)
-    wait_for_metrics(bed, pod, o)
+    bed.eventually_gauges(pod, **o)
 
 
 def _request(bed: TestBed, arg: Any) -> ExtProcResult:
@@ -204,24 +203,6 @@ ACTIONS: dict[str, Action] = {
     "request": _request,
     "restart_epp": lambda bed, _: bed.restart_epp(),
 }
-
-_VIEW_KEYS = {"waiting": "waitingQueueSize", "running": "runningQueueSize", "kv_cache": "kvCacheUsagePercent"}
-
-
-def wait_for_metrics(bed: TestBed, pod: str, gauges: Mapping[str, Any], timeout: float = 10.0) -> None:
-    """Until the EPP's view shows the pinned gauges for `pod` (a routing step then sees them)."""
-
-    def shown() -> None:
-        pods = {p["name"]: p for p in bed.epp.datastore_view().get("pods") or ()}
-        assert pod in pods, f"pod {pod} not in the datastore"
-        metrics = pods[pod]["metrics"]
-        for key, value in gauges.items():
-            if key in _VIEW_KEYS:
-                assert metrics[_VIEW_KEYS[key]] == value, f"{key}: EPP sees {metrics[_VIEW_KEYS[key]]}"
-            elif key == "running_loras":
-                assert metrics["activeModels"] == sorted(value), f"adapters: {metrics['activeModels']}"
-
-    eventually(shown, timeout=timeout, message=f"EPP sees the gauges of {pod}")
 
 
 # ---------------------------------------------------------------------- expectations

@@ -7,8 +7,6 @@ with a kubeconfig, exactly as in a cluster; clients talk to Envoy's listener onl
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,9 +140,7 @@ class Stack:
 
     def datastore_view(self) -> dict[str, Any]:
         assert self.epp is not None
-        with urllib.request.urlopen(f"{self.epp.metrics_url}/debug/datastore", timeout=5) as resp:
-            data: dict[str, Any] = json.load(resp)
-            return data
+        return self.epp.datastore_view()
 
     def wait_pods_scraped(self, count: int, timeout: float = 30.0) -> None:
         """Until the EPP holds `count` pods, each with fresh metrics (routing decisions are real)."""

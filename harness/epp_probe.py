@@ -1,0 +1,37 @@
+"""Reading a running EPP from outside, the way operators and probes do: its metrics port and gRPC health.
+
+Shared by the in-process EPP (integration tests) and the EPP process (e2e, demo), so both are
+observed through exactly the same doors.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+DEBUG_DATASTORE_PATH = "/debug/datastore"
+
+
+def datastore_view(metrics_url: str, timeout: float = 5.0) -> dict[str, Any]:
+    """The read-only JSON view of the datastore (pool, models, pods with metrics and their age)."""
+    with urllib.request.urlopen(f"{metrics_url}{DEBUG_DATASTORE_PATH}", timeout=timeout) as resp:
+        view: dict[str, Any] = json.load(resp)
+        return view
+
+
+def metrics_text(metrics_url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=timeout) as resp:
+        return str(resp.read().decode())
+
+
+def health(address: str, service: str = "", timeout: float = 5.0) -> str:
+    """SERVING / NOT_SERVING, as a kubelet gRPC probe would see it."""
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+        )
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
