@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from harness.binaries import cache_root
 
 # 127.0.0.2 .. 127.0.254.254: plenty for any test run, never 127.0.0.1.
 _FIRST = 2
@@ -21,9 +22,8 @@ _LAST = 254 * 256 + 254
 
 
 def _lock_dir() -> Path:
-    path = Path(os.environ.get("EPP_HARNESS_LOCK_DIR", Path(tempfile.gettempdir()) / "epp-harness-locks"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path / "addresses"
+    """Next to the port reservations, shared by every process of this user."""
+    return cache_root() / "addresses"
 
 
 def _to_ip(n: int) -> str:
