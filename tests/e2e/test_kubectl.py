@@ -7,14 +7,13 @@ out of the pool's selector stops its traffic: all observed with the openai SDK t
 
 from __future__ import annotations
 
-import subprocess
 from collections import Counter
 
 import openai
 import pytest
 
-from harness.binaries import kubectl_path
 from harness.eventually import eventually
+from harness.kubectl import kubectl as run_kubectl
 from harness.stack import Stack
 from harness.stack_fixtures import StackFactory
 
@@ -27,22 +26,7 @@ ADAPTER = "food-review-1"
 
 
 def kubectl(stack: Stack, *args: str, stdin: str | None = None) -> str:
-    run = subprocess.run(
-        [
-            str(kubectl_path()),
-            f"--kubeconfig={stack.access.kubeconfig_path}",
-            "-n",
-            stack.options.namespace,
-            *args,
-        ],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, f"kubectl {' '.join(args)} failed: {run.stderr}"
-    return run.stdout
+    return run_kubectl(stack.access.kubeconfig_path, *args, namespace=stack.options.namespace, stdin=stdin)
 
 
 def manifest(stack: Stack) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,22 +11,16 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from harness import guards
-from harness.binaries import kubectl_path
 from harness.controlplane import ClusterAccess, ControlPlane, ControlPlaneStartError
 from harness.kube_apiserver_build import KUBERNETES_VERSION
+from harness.kubectl import kubectl
 
 pytestmark = pytest.mark.integration
 
 
 def test_kubectl_sees_the_pinned_release(control_plane: ClusterAccess) -> None:
-    result = subprocess.run(
-        [str(kubectl_path()), "--kubeconfig", str(control_plane.kubeconfig_path), "version", "-o", "json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["serverVersion"]["gitVersion"] == f"v{KUBERNETES_VERSION}"
+    version = json.loads(kubectl(control_plane.kubeconfig_path, "version", "-o", "json"))
+    assert version["serverVersion"]["gitVersion"] == f"v{KUBERNETES_VERSION}"
 
 
 def test_namespace_fixture_gives_a_fresh_labelled_namespace(kube_api: ApiClient, namespace: str) -> None:

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 from kubernetes.client import ApiClient
 
-from harness.binaries import kubectl_path
 from harness.builders import ModelBuilder, PoolBuilder
 from harness.controlplane import ClusterAccess
 from harness.kube import Kube
+from harness.kubectl import kubectl
 
 pytestmark = pytest.mark.integration
-
-
-def kubectl(kubeconfig: Path, *args: str) -> str:
-    result = subprocess.run(
-        [str(kubectl_path()), f"--kubeconfig={kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, f"kubectl {' '.join(args)} failed:\n{result.stderr}"
-    return result.stdout
 
 
 def test_kubectl_gets_pools_and_models_with_printer_columns(
