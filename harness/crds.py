@@ -73,9 +73,12 @@ def _create_or_update(extensions: client.ApiextensionsV1Api, manifest: dict[str,
             if exc.status != 404:
                 raise CrdInstallError(f"reading CRD {name}: {_reason(exc)}") from exc
             try:
-                extensions.create_custom_resource_definition(
-                    body=client.V1CustomResourceDefinition.model_validate(manifest), _preload_content=False
-                )
+                _json_body(
+                    extensions.create_custom_resource_definition(
+                        body=client.V1CustomResourceDefinition.model_validate(manifest),
+                        _preload_content=False,
+                    )
+                )  # read the reply: an unread one is logged by the server as an aborted request
                 return
             except ApiException as create_exc:
                 if create_exc.status == 409:  # created concurrently: update it instead
@@ -86,10 +89,12 @@ def _create_or_update(extensions: client.ApiextensionsV1Api, manifest: dict[str,
             "metadata": {**manifest["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
         }
         try:
-            extensions.replace_custom_resource_definition(
-                name=name,
-                body=client.V1CustomResourceDefinition.model_validate(desired),
-                _preload_content=False,
+            _json_body(
+                extensions.replace_custom_resource_definition(
+                    name=name,
+                    body=client.V1CustomResourceDefinition.model_validate(desired),
+                    _preload_content=False,
+                )
             )
             return
         except ApiException as exc:
