@@ -136,12 +136,6 @@ class PodBuilder(_ObjectBuilder):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self._status: JsonObject | None = None
-        self._container_ports: list[int] = []
-
-    def container_port(self, port: int) -> Self:
-        """Declare a container port (informational; nothing listens on it because of this)."""
-        self._container_ports.append(port)
-        return self
 
     def ready(self, ip: str, at: datetime | None = None) -> Self:
         """Running, with ``podIP``/``podIPs`` = ``ip`` and Ready/ContainersReady True."""
@@ -190,8 +184,6 @@ class PodBuilder(_ObjectBuilder):
 
     def spec_dict(self) -> JsonObject:
         container: JsonObject = {"name": SIM_CONTAINER, "image": SIM_IMAGE}
-        if self._container_ports:
-            container["ports"] = [{"containerPort": p, "protocol": "TCP"} for p in self._container_ports]
         return {"containers": [container]}
 
     def status_dict(self) -> JsonObject | None:

@@ -34,7 +34,8 @@ class ExtProcResult:
     set_headers: dict[str, str] = field(default_factory=dict)
     removed_headers: list[str] = field(default_factory=list)
     body: bytes | None = None  # the mutated request body, if the EPP rewrote it
-    message: str = ""  # ImmediateResponse body
+    message: str = ""  # the ImmediateResponse's readable message (error.message of its JSON body)
+    error_body: str = ""  # the ImmediateResponse body as sent
     metadata: dict[str, Any] = field(default_factory=dict)
     responses: list[pb.ProcessingResponse] = field(default_factory=list)
 
@@ -178,9 +179,8 @@ def _cert_name(pem: str) -> str:
     return str(cert.subject.rfc4514_string().split("CN=")[-1].split(",")[0])
 
 
-def _error_message(body: bytes | str) -> str:
+def _error_message(text: str) -> str:
     """The EPP answers errors with OpenAI-style JSON; fall back to the raw text for anything else."""
-    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
     try:
         return str(json.loads(text)["error"]["message"])
     except (ValueError, KeyError, TypeError):
@@ -193,9 +193,8 @@ def summarise(replies: Sequence[pb.ProcessingResponse]) -> ExtProcResult:
         if reply.HasField("immediate_response"):
             imm = reply.immediate_response
             result.status = int(imm.status.code)
-            result.message = (
-                imm.body.decode(errors="replace") if isinstance(imm.body, bytes) else str(imm.body)
-            )
+            result.error_body = bytes(imm.body).decode(errors="replace")
+            result.message = _error_message(result.error_body)
             return result
         which = reply.WhichOneof("response")
         common = getattr(reply, which).response if which in ("request_headers", "request_body") else None

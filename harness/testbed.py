@@ -92,21 +92,17 @@ class TestBed:
                 staleness_threshold=staleness_threshold,
             )
         )
-        self._epp_running = False
 
     # ------------------------------------------------------------------ lifecycle
     def start_epp(self) -> None:
         self.epp.start()
-        self._epp_running = True
 
     def stop_epp(self) -> None:
-        if self._epp_running:
-            self._epp_running = False
-            self.epp.stop()
+        """Idempotent: safe when the EPP never started or already stopped."""
+        self.epp.stop()
 
     def restart_epp(self) -> None:
-        self.stop_epp()
-        self.start_epp()
+        self.epp.restart()
 
     def close(self) -> None:
         try:

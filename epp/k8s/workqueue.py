@@ -62,10 +62,6 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._queue)
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._shut_down
-
     def add(self, key: K) -> None:
         if self._shut_down or key in self._dirty:
             return

@@ -162,10 +162,6 @@ class ModelServerSim:
         with self._counts_lock:
             return dict(self._counts)
 
-    def reset_counts(self) -> None:
-        with self._counts_lock:
-            self._counts.clear()
-
     @property
     def lora_adapters(self) -> frozenset[str]:
         return self._adapters

@@ -94,15 +94,16 @@ def test_bodyless_get_is_routed_to_some_pod(hermetic: TestBed) -> None:
 def test_invalid_json_is_rejected_with_400_and_a_readable_message(hermetic: TestBed) -> None:
     result = hermetic.route(None, body=b"no healthy upstream")
     assert result.status == 400
-    error = json.loads(result.message)["error"]
+    error = json.loads(result.error_body)["error"]
     assert error["message"].startswith("invalid JSON request body"), error
     assert "\n" not in error["message"]
+    assert result.message == error["message"], "the client summarises the readable message"
 
 
 def test_unknown_model_is_rejected_with_404(hermetic: TestBed) -> None:
     result = hermetic.route("no-such-model")
     assert result.status == 404
-    assert "no-such-model" in json.loads(result.message)["error"]["message"]
+    assert "no-such-model" in json.loads(result.error_body)["error"]["message"]
 
 
 def test_no_ready_pod_is_rejected_with_503(hermetic: TestBed) -> None:
@@ -112,7 +113,7 @@ def test_no_ready_pod_is_rejected_with_503(hermetic: TestBed) -> None:
     assert hermetic.datastore_pods() == {}
     for result in (hermetic.route(MY_MODEL), hermetic.route(DIRECT), hermetic.route(None, bodyless=True)):
         assert result.status == 503, result
-        assert "no ready endpoints" in json.loads(result.message)["error"]["message"]
+        assert "no ready endpoints" in json.loads(result.error_body)["error"]["message"]
 
     hermetic.pod_ready("pod-2")  # and one pod coming back is enough
     hermetic.eventually_consistent()

@@ -45,6 +45,13 @@ class Case:
     chunks: int = 1
 
 
+# Only pod-0 has room for a sheddable request (queue <= 5 and KV <= 0.8).
+ONE_SERVER_WITH_CAPACITY = (
+    pod(4, 0.2, "foo", "bar", SHEDDABLE_TARGET),
+    pod(0, 0.85, "foo", SHEDDABLE_TARGET),
+    pod(10, 0.9, "foo", SHEDDABLE_TARGET),
+)
+
 CASES = [
     pytest.param(
         Case(MY_MODEL, (pod(3, 0.2), pod(0, 0.1), pod(10, 0.2)), "pod-1", MY_MODEL_TARGET),
@@ -84,11 +91,7 @@ CASES = [
     pytest.param(
         Case(
             SHEDDABLE,
-            (
-                pod(4, 0.2, "foo", "bar", SHEDDABLE_TARGET),
-                pod(0, 0.85, "foo", SHEDDABLE_TARGET),
-                pod(10, 0.9, "foo", SHEDDABLE_TARGET),
-            ),
+            ONE_SERVER_WITH_CAPACITY,
             "pod-0",
             SHEDDABLE_TARGET,
         ),
@@ -97,11 +100,7 @@ CASES = [
     pytest.param(
         Case(
             SHEDDABLE,
-            (
-                pod(4, 0.2, "foo", "bar", SHEDDABLE_TARGET),
-                pod(0, 0.85, "foo", SHEDDABLE_TARGET),
-                pod(10, 0.9, "foo", SHEDDABLE_TARGET),
-            ),
+            ONE_SERVER_WITH_CAPACITY,
             "pod-0",
             SHEDDABLE_TARGET,
             chunks=3,
@@ -118,7 +117,7 @@ def test_routing_picks_the_expected_pod(hermetic: TestBed, case: Case) -> None:
         result = hermetic.route(case.model, prompt=f"test{i}", chunks=case.chunks)
         if case.want_pod is None:
             assert result.status == case.want_status, result
-            assert json.loads(result.message)["error"]["code"] == case.want_status
+            assert json.loads(result.error_body)["error"]["code"] == case.want_status
             continue
         assert result.status == 200, result.message
         assert result.endpoint == result.header_endpoint

@@ -10,7 +10,7 @@ from kubernetes.client import ApiClient
 from harness.controlplane import ClusterAccess
 from harness.testbed import TestBed
 
-MODEL = "chat"
+from .support import MODEL, serving
 
 
 def comparable(view: dict[str, object]) -> dict[str, object]:
@@ -63,16 +63,7 @@ def test_epp_restarted_mid_run_rebuilds_the_same_state(testbed: TestBed) -> None
 
 
 def test_changes_made_while_the_epp_is_down_are_seen_at_start(testbed: TestBed) -> None:
-    testbed.start_epp()
-    testbed.eventually_consistent()
-    testbed.apply_pool()
-    testbed.eventually_consistent()
-    testbed.apply_model(MODEL, criticality="Critical")
-    testbed.eventually_consistent()
-    testbed.add_pod("p1")
-    testbed.eventually_consistent()
-    testbed.add_pod("p2")
-    testbed.eventually_consistent()
+    serving(testbed, "p1", "p2")
 
     testbed.stop_epp()  # no oracle while it is down: there is no view to compare
     testbed.delete_pod("p1")

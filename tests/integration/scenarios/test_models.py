@@ -10,7 +10,8 @@ import json
 
 from harness.testbed import TestBed
 
-MODEL = "chat"
+from .support import MODEL
+
 OTHER_POOL = "other-pool"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from harness.testbed import TestBed
 
-MODEL = "chat"
+from .support import MODEL
 
 
 def serving_one_model(bed: TestBed, *pods: str) -> None:

@@ -7,7 +7,8 @@ from typing import Any
 
 from harness.testbed import TestBed
 
-MODEL = "chat"
+from .support import MODEL, serving
+
 OLD_PORT = 8000
 NEW_PORT = 8001
 IDLE: dict[str, Any] = {"waiting": 0, "kv_cache": 0.1}
@@ -89,14 +90,7 @@ def test_pool_port_changed_routes_and_scrapes_the_new_port_without_a_pod_event(t
 
 
 def test_pool_deleted_clears_pods_and_models_and_health_goes_not_serving(testbed: TestBed) -> None:
-    testbed.start_epp()
-    testbed.eventually_consistent()
-    testbed.apply_pool()
-    testbed.eventually_consistent()
-    testbed.apply_model(MODEL, criticality="Critical")
-    testbed.eventually_consistent()
-    testbed.add_pod("p1")
-    testbed.eventually_consistent()
+    serving(testbed, "p1")
     assert testbed.epp.health() == "SERVING"
 
     testbed.delete_pool()
@@ -114,15 +108,8 @@ def test_pool_deleted_clears_pods_and_models_and_health_goes_not_serving(testbed
 
 
 def test_pool_recreated_brings_back_pods_and_models(testbed: TestBed) -> None:
-    testbed.start_epp()
-    testbed.eventually_consistent()
-    testbed.apply_pool()
-    testbed.eventually_consistent()
-    testbed.apply_model(MODEL, criticality="Critical")
-    testbed.eventually_consistent()
+    serving(testbed, "p1")
     testbed.apply_model("summarise", targets=[("summarise-v2", 100)], criticality="Critical")
-    testbed.eventually_consistent()
-    testbed.add_pod("p1")
     testbed.eventually_consistent()
 
     testbed.delete_pool()
