@@ -8,20 +8,7 @@ from __future__ import annotations
 
 from harness.testbed import TestBed
 
-from .support import MODEL
-
-
-def serving_one_model(bed: TestBed, *pods: str) -> None:
-    """The EPP, then a pool, one Critical model and `pods`, each step checked by the oracle."""
-    bed.start_epp()
-    bed.eventually_consistent()
-    bed.apply_pool()
-    bed.eventually_consistent()
-    bed.apply_model(MODEL, criticality="Critical")
-    bed.eventually_consistent()
-    for pod in pods:
-        bed.add_pod(pod)
-        bed.eventually_consistent()
+from .support import MODEL, serving
 
 
 def test_pool_created_after_its_pods_picks_up_the_ready_matching_ones(testbed: TestBed) -> None:
@@ -51,7 +38,7 @@ def test_pool_created_after_its_pods_picks_up_the_ready_matching_ones(testbed: T
 
 
 def test_pod_recreated_with_the_same_name_and_a_new_ip_leaves_one_entry(testbed: TestBed) -> None:
-    serving_one_model(testbed, "p1")
+    serving(testbed, "p1")
     old_ip = testbed.pods["p1"].ip
     assert testbed.datastore_pods() == {"p1": old_ip}
 
@@ -63,7 +50,7 @@ def test_pod_recreated_with_the_same_name_and_a_new_ip_leaves_one_entry(testbed:
 
 
 def test_pod_ip_changed_in_place_updates_the_address(testbed: TestBed) -> None:
-    serving_one_model(testbed, "p1")
+    serving(testbed, "p1")
     old_ip = testbed.pods["p1"].ip
 
     new_ip = testbed.pod_move("p1")
@@ -74,7 +61,7 @@ def test_pod_ip_changed_in_place_updates_the_address(testbed: TestBed) -> None:
 
 
 def test_ready_notready_ready_removes_and_restores_the_pod(testbed: TestBed) -> None:
-    serving_one_model(testbed, "p1", "p2")
+    serving(testbed, "p1", "p2")
 
     testbed.pod_unready("p1")
     testbed.eventually_consistent()
@@ -93,7 +80,7 @@ def test_ready_notready_ready_removes_and_restores_the_pod(testbed: TestBed) -> 
 
 
 def test_label_removed_then_added_back(testbed: TestBed) -> None:
-    serving_one_model(testbed, "p1", "p2")
+    serving(testbed, "p1", "p2")
 
     testbed.pod_labels("p1", {"app": None})
     testbed.eventually_consistent()
@@ -113,7 +100,7 @@ def test_label_removed_then_added_back(testbed: TestBed) -> None:
 
 
 def test_pod_held_by_a_finalizer_leaves_at_deletion_timestamp(testbed: TestBed) -> None:
-    serving_one_model(testbed, "p1", "p2")
+    serving(testbed, "p1", "p2")
 
     testbed.pod_hold_and_delete("p1")
     testbed.eventually_consistent()
@@ -137,7 +124,7 @@ def test_pod_held_by_a_finalizer_leaves_at_deletion_timestamp(testbed: TestBed) 
 
 
 def test_pod_deleted_is_removed(testbed: TestBed) -> None:
-    serving_one_model(testbed, "p1", "p2")
+    serving(testbed, "p1", "p2")
 
     testbed.delete_pod("p1")
     testbed.eventually_consistent()
