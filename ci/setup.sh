@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent environment set-up shared by the demo and the test commands:
-# a venv in .venv with the project and its test extras, then the kube-apiserver binary
-# (taken from $KUBEBUILDER_ASSETS or the cache, else built from Go modules once).
+# a venv in .venv with exactly the locked dependencies (requirements/dev.txt, hashes checked) and
+# the project itself, then the binaries the harness builds from Go modules (taken from
+# $KUBEBUILDER_ASSETS or the cache, else built once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,12 +14,14 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 
-# Reinstall only when the dependency list changed.
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# Reinstall only when the lock or the project metadata changed.
+stamp=.venv/.installed-$(cat requirements/dev.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-    echo "==> installing the project and its dependencies into .venv"
-    .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e '.[test]'
+    echo "==> installing the locked dependencies (requirements/dev.txt) and the project into .venv"
+    .venv/bin/python -m pip install --quiet --require-hashes -r requirements/dev.txt
+    # The project itself: no dependency resolution (the lock has them all) and no isolated build
+    # environment (setuptools comes from the lock too), so nothing unpinned is downloaded.
+    .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
     rm -f .venv/.installed-*
     touch "$stamp"
 fi

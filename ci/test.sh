@@ -11,6 +11,8 @@ echo "==> mypy (epp, harness)"
 .venv/bin/mypy
 echo "==> import layering"
 .venv/bin/lint-imports
+echo "==> hadolint (Containerfile)"
+.venv/bin/hadolint Containerfile
 
 echo "==> pytest (unit, integration, e2e) with 2 workers"
 set +e
