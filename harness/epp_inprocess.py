@@ -20,7 +20,6 @@ from prometheus_client import CollectorRegistry
 
 from epp.api.types import NamespacedName
 from epp.config import ProberConfig, ServerConfig
-from epp.datastore import Datastore
 from epp.k8s.client import KubeClient
 from epp.k8s.config import load_kubeconfig
 from epp.k8s.controllers import Controllers, Reconcilers
@@ -157,11 +156,11 @@ class EppInProcess:
         if reconcilers is None:  # exactly the production wiring
             return Epp(config, registry=CollectorRegistry(), kube_client=client)
         pool = NamespacedName(config.pool_namespace, config.pool_name)
-
-        def controllers(store: Datastore) -> Controllers:
-            return Controllers(client, store, pool, reconcilers=reconcilers)
-
-        return Epp(config, registry=CollectorRegistry(), controllers=controllers)
+        return Epp(
+            config,
+            registry=CollectorRegistry(),
+            controllers=lambda store: Controllers(client, store, pool, reconcilers=reconcilers),
+        )
 
     # ------------------------------------------------------------------ what tests read
     @property

@@ -29,8 +29,7 @@ from kubernetes.client import ApiClient
 from epp.api import NamespacedName, ObjectReader
 from epp.api.types import InferenceModel, InferencePool, PodObject
 from epp.controller import PodReconciler
-from epp.datastore import Datastore
-from epp.k8s.controllers import Reconcile, Reconcilers
+from epp.k8s.controllers import Reconcile, ReconcilerFactory, Reconcilers
 from harness.controlplane import ClusterAccess
 from harness.settle import PODS, revision
 from harness.testbed import TestBed
@@ -66,19 +65,21 @@ class ReadinessBlind:
         return [dataclasses.replace(p, ready=True) for p in self._inner.list_pods(namespace, selector)]
 
 
-def delayed_pods(*, readiness_blind: bool) -> Callable[[ObjectReader, Datastore, NamespacedName], Reconcile]:
-    """A pod reconcile that holds its key for DELAY_S first (in flight, so the EPP is not idle)."""
+def delayed(reconcile: Callable[[NamespacedName], None]) -> Reconcile:
+    """Holds its key for DELAY_S first (in flight, so the EPP is not idle), then reconciles."""
 
-    def factory(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
-        real = PodReconciler(ReadinessBlind(reader) if readiness_blind else reader, store).reconcile
+    async def later(key: NamespacedName) -> None:
+        await asyncio.sleep(DELAY_S)
+        reconcile(key)
 
-        async def reconcile(key: NamespacedName) -> None:
-            await asyncio.sleep(DELAY_S)
-            real(key)
+    return later
 
-        return reconcile
 
-    return factory
+def delayed_pods(*, readiness_blind: bool) -> ReconcilerFactory:
+    """The pod reconcile, delayed, and readiness-blind if asked (the store is the EPP's, as wired)."""
+    return lambda reader, store, pool: delayed(
+        PodReconciler(ReadinessBlind(reader) if readiness_blind else reader, store).reconcile
+    )
 
 
 @pytest.fixture

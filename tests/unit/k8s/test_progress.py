@@ -169,3 +169,20 @@ def test_a_bookmark_moves_an_idle_kind_on() -> None:
             await eventually_async(moved, timeout=WAIT)
 
     run(main)
+
+
+def test_a_relist_after_410_sets_the_applied_version_from_the_list() -> None:
+    async def main() -> None:
+        async with running() as r:
+            r.server.upsert(POD_PATH, pod("p3", "10.0.0.3"), record=False)  # missed by the watch ...
+            r.server.compact(POD_PATH)  # ... which then gets 410 Gone and relists
+
+            async def relisted() -> None:
+                now = r.pods_progress()
+                assert now.idle, now
+                assert now.applied_resource_version == str(r.server.rv)
+                assert "p3" in {pm.pod.key.name for pm in r.store.pod_get_all()}
+
+            await eventually_async(relisted, timeout=WAIT)
+
+    run(main)
