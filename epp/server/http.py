@@ -46,9 +46,7 @@ def no_watches() -> Sequence[WatchProgress]:
     return ()
 
 
-def debug_view(
-    datastore: DatastoreView, now: float, watches: Sequence[WatchProgress] = ()
-) -> dict[str, Any]:
+def debug_view(datastore: DatastoreView, now: float, watches: Sequence[WatchProgress] = ()) -> dict[str, Any]:
     """The JSON document served at /debug/datastore (`now` is the clock the metrics were stamped by)."""
     pool = datastore.pool_get()
     return {
