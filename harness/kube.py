@@ -112,6 +112,7 @@ def _deletion_revision(watch: Callable[..., Any], name: str, since: str) -> str:
             if event.get("type") == "ERROR":
                 raise RuntimeError(f"watching for the deletion of {name}: {event.get('object')}")
     finally:
+        response.close()  # mid-stream: the connection cannot be reused, only closed
         response.release_conn()
     raise RuntimeError(f"no DELETED event for {name} after revision {since} in {DELETION_WATCH_TIMEOUT}s")
 

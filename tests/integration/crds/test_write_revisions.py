@@ -57,6 +57,7 @@ def events(list_fn: ListFn, name: str, since: int, count: int) -> list[tuple[str
                 if len(seen) == count:
                     return seen
     finally:
+        response.close()  # mid-stream: the connection cannot be reused, only closed
         response.release_conn()
     raise AssertionError(f"the watch ended after {seen}, expected {count} events")
 

@@ -117,6 +117,7 @@ def applied_the_pod_write(bed: TestBed, view: dict[str, Any]) -> bool:
 def test_the_barrier_exposes_a_defect_that_a_delayed_pod_handler_hides(
     slow_bed: Callable[..., TestBed],
 ) -> None:
+    """Same EPP, same write, same check: passes unsettled, fails settled. The difference is the point."""
     bed = slow_bed(readiness_blind=True)
     serving(bed, "p1")
 
