@@ -18,9 +18,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from epp.api.types import NamespacedName
 from epp.config import ProberConfig, ServerConfig
 from epp.k8s.client import KubeClient
 from epp.k8s.config import load_kubeconfig
+from epp.k8s.controllers import Controllers, Reconcilers
 from epp.server.runner import Epp
 from harness import epp_probe
 from harness.extproc_client import ExtProcClient
@@ -38,10 +40,15 @@ class EppSettings:
 
 
 class EppInProcess:
-    """Start/stop the EPP on a private loop thread; `restart()` models a pod restart (fresh memory)."""
+    """Start/stop the EPP on a private loop thread; `restart()` models a pod restart (fresh memory).
 
-    def __init__(self, settings: EppSettings) -> None:
+    `reconcilers` builds a deliberately different EPP (a delayed or defective reconcile, to prove
+    that a test would notice): it is handed to the controllers' constructor, never branched on.
+    """
+
+    def __init__(self, settings: EppSettings, *, reconcilers: Reconcilers | None = None) -> None:
         self.settings = settings
+        self._reconcilers = reconcilers
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -125,7 +132,7 @@ class EppInProcess:
         self._stop = asyncio.Event()
         config = self._config()
         async with KubeClient(load_kubeconfig(config.kubeconfig)) as client:
-            epp = Epp(config, registry=CollectorRegistry(), kube_client=client)
+            epp = self._epp(config, client)
             await epp.start()
             try:
                 self._ports = {"grpc": epp.grpc_port, "health": epp.health_port, "metrics": epp.metrics_port}
@@ -143,6 +150,17 @@ class EppInProcess:
             finally:
                 await epp.stop()
         self._loop = None
+
+    def _epp(self, config: ServerConfig, client: KubeClient) -> Epp:
+        reconcilers = self._reconcilers
+        if reconcilers is None:  # exactly the production wiring
+            return Epp(config, registry=CollectorRegistry(), kube_client=client)
+        pool = NamespacedName(config.pool_namespace, config.pool_name)
+        return Epp(
+            config,
+            registry=CollectorRegistry(),
+            controllers=lambda store: Controllers(client, store, pool, reconcilers=reconcilers),
+        )
 
     # ------------------------------------------------------------------ what tests read
     @property

@@ -11,16 +11,31 @@ the same shape ``harness.builders`` produces and the EPP parses; no generated mo
 ``create`` puts the namespace argument into the body's metadata, so builders need not be told it.
 Failed requests raise ``kubernetes.client.exceptions.ApiException`` (``.status``, ``.body``);
 ``api_error_message`` extracts the server's message from one.
+
+Every write returns the object as the write left it, with the resourceVersion of that write, and is
+reported to ``on_write(plural, object)`` when one is given (the settle barrier records them). Two
+writes need help to say which revision they made, because the server's answer does not:
+
+* a custom resource deleted at once is answered with a ``Status`` (pods answer with the deleted pod,
+  stamped with the deletion's revision: kube-apiserver's generic store returns the deleted object
+  only for resources that ask for it);
+* a write that removes the last finalizer of an object being deleted deletes it in a second step;
+  the answer still carries the object's previous revision.
+
+For those, the revision is read from the watch: the DELETED event of that object after the revision
+it had. ``tests/integration/crds/test_write_revisions.py`` pins these facts on the real server.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from typing import Any, Final
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from harness.crds import CRD_GROUP, CRD_VERSION, MODEL_PLURAL, POOL_PLURAL
 
@@ -29,6 +44,11 @@ JsonObject = dict[str, Any]
 MERGE_PATCH: Final = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
+# How long to wait for the DELETED event of an object that a write has just deleted.
+DELETION_WATCH_TIMEOUT: Final = 10
+
+# Told of every write: (the resource's plural, the object as written, with the write's revision).
+WriteObserver = Callable[[str, JsonObject], None]
 
 
 def response_json(response: Any) -> JsonObject:
@@ -61,24 +81,101 @@ def _with_namespace(body: JsonObject, namespace: str) -> JsonObject:
     return out
 
 
-class CustomResourceClient:
+def deleted_by_this_write(obj: JsonObject) -> bool:
+    """The write emptied the finalizers of an object being deleted with no grace left: it is gone.
+
+    The apiserver's rule (generic registry ``ShouldDeleteDuringUpdate``): no finalizers, a
+    deletionTimestamp, and a deletionGracePeriodSeconds that is unset or 0.
+    """
+    meta = obj.get("metadata") or {}
+    grace = meta.get("deletionGracePeriodSeconds")
+    return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") and not grace
+
+
+def _deletion_revision(watch: Callable[..., Any], name: str, since: str) -> str:
+    """The resourceVersion of the DELETED event of ``name`` after revision ``since``."""
+    response = watch(
+        watch=True,
+        field_selector=f"metadata.name={name}",
+        resource_version=since,
+        timeout_seconds=DELETION_WATCH_TIMEOUT,
+        _preload_content=False,
+        _request_timeout=DELETION_WATCH_TIMEOUT + 5,
+    )
+    try:
+        for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("type") == "DELETED":
+                return str(event["object"]["metadata"]["resourceVersion"])
+            if event.get("type") == "ERROR":
+                raise RuntimeError(f"watching for the deletion of {name}: {event.get('object')}")
+    finally:
+        response.close()  # mid-stream: the connection cannot be reused, only closed
+        response.release_conn()
+    raise RuntimeError(f"no DELETED event for {name} after revision {since} in {DELETION_WATCH_TIMEOUT}s")
+
+
+def _at_revision(obj: JsonObject, revision: str) -> JsonObject:
+    out = copy.deepcopy(obj)
+    out["metadata"]["resourceVersion"] = revision
+    return out
+
+
+class _Writes:
+    """The shared tail of every write: resolve the revision of a write that deleted, then report it."""
+
+    plural: str
+
+    def __init__(self, on_write: WriteObserver | None) -> None:
+        self._on_write = on_write
+
+    def _watch(self, namespace: str) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    def _written(self, namespace: str, obj: JsonObject) -> JsonObject:
+        """The answer to a create/update/patch, with the revision of the deletion it may have caused."""
+        if deleted_by_this_write(obj):
+            name = str(obj["metadata"]["name"])
+            since = str(obj["metadata"]["resourceVersion"])
+            obj = _at_revision(obj, _deletion_revision(self._watch(namespace), name, since))
+        return self._report(obj)
+
+    def _report(self, obj: JsonObject) -> JsonObject:
+        if self._on_write is not None:
+            self._on_write(self.plural, obj)
+        return obj
+
+
+class CustomResourceClient(_Writes):
     """create/get/patch/replace/delete/list of one namespaced kind of our CRD group/version."""
 
-    def __init__(self, api_client: client.ApiClient, plural: str) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, plural: str, on_write: WriteObserver | None = None
+    ) -> None:
+        super().__init__(on_write)
         self._api = client.CustomObjectsApi(api_client)
         self.plural = plural
 
-    def create(self, namespace: str, body: JsonObject) -> JsonObject:
-        return response_json(
-            self._api.create_namespaced_custom_object(
-                group=CRD_GROUP,
-                version=CRD_VERSION,
-                namespace=namespace,
-                plural=self.plural,
-                body=_with_namespace(body, namespace),
-                _preload_content=False,
+    def _watch(self, namespace: str) -> Callable[..., Any]:
+        def watch(**kwargs: Any) -> Any:
+            return self._api.list_namespaced_custom_object(
+                group=CRD_GROUP, version=CRD_VERSION, namespace=namespace, plural=self.plural, **kwargs
             )
+
+        return watch
+
+    def create(self, namespace: str, body: JsonObject) -> JsonObject:
+        created = self._api.create_namespaced_custom_object(
+            group=CRD_GROUP,
+            version=CRD_VERSION,
+            namespace=namespace,
+            plural=self.plural,
+            body=_with_namespace(body, namespace),
+            _preload_content=False,
         )
+        return self._written(namespace, response_json(created))
 
     def get(self, namespace: str, name: str) -> JsonObject:
         return response_json(
@@ -96,42 +193,52 @@ class CustomResourceClient:
         self, namespace: str, name: str, patch: JsonObject | list[JsonObject], content_type: str = MERGE_PATCH
     ) -> JsonObject:
         """Patch the object (JSON merge patch by default; pass ``JSON_PATCH`` with a list of ops)."""
-        return response_json(
-            self._api.patch_namespaced_custom_object(
-                group=CRD_GROUP,
-                version=CRD_VERSION,
-                namespace=namespace,
-                plural=self.plural,
-                name=name,
-                body=patch,
-                _content_type=content_type,
-                _preload_content=False,
-            )
-        )
-
-    def replace(self, namespace: str, body: JsonObject) -> JsonObject:
-        """Update the whole object; ``body`` must carry ``metadata.name`` (and resourceVersion for CAS)."""
-        return response_json(
-            self._api.replace_namespaced_custom_object(
-                group=CRD_GROUP,
-                version=CRD_VERSION,
-                namespace=namespace,
-                plural=self.plural,
-                name=str(body["metadata"]["name"]),
-                body=_with_namespace(body, namespace),
-                _preload_content=False,
-            )
-        )
-
-    def delete(self, namespace: str, name: str) -> None:
-        self._api.delete_namespaced_custom_object(
+        patched = self._api.patch_namespaced_custom_object(
             group=CRD_GROUP,
             version=CRD_VERSION,
             namespace=namespace,
             plural=self.plural,
             name=name,
+            body=patch,
+            _content_type=content_type,
             _preload_content=False,
         )
+        return self._written(namespace, response_json(patched))
+
+    def replace(self, namespace: str, body: JsonObject) -> JsonObject:
+        """Update the whole object; ``body`` must carry ``metadata.name`` (and resourceVersion for CAS)."""
+        replaced = self._api.replace_namespaced_custom_object(
+            group=CRD_GROUP,
+            version=CRD_VERSION,
+            namespace=namespace,
+            plural=self.plural,
+            name=str(body["metadata"]["name"]),
+            body=_with_namespace(body, namespace),
+            _preload_content=False,
+        )
+        return self._written(namespace, response_json(replaced))
+
+    def delete(self, namespace: str, name: str) -> JsonObject:
+        """Delete; returns the object as deleted (see the module docstring for its revision).
+
+        Held by a finalizer, that is the terminating object. Gone at once, the server answers with a
+        Status only, so the object read just before is returned, stamped with the deletion's revision.
+        """
+        before = self.get(namespace, name)
+        answer = response_json(
+            self._api.delete_namespaced_custom_object(
+                group=CRD_GROUP,
+                version=CRD_VERSION,
+                namespace=namespace,
+                plural=self.plural,
+                name=name,
+                _preload_content=False,
+            )
+        )
+        if answer.get("kind") == "Status":
+            since = str(before["metadata"]["resourceVersion"])
+            answer = _at_revision(before, _deletion_revision(self._watch(namespace), name, since))
+        return self._report(answer)
 
     def list(self, namespace: str, label_selector: str | None = None) -> list[JsonObject]:
         return list_items(self.list_raw(namespace, label_selector))
@@ -150,21 +257,29 @@ class CustomResourceClient:
         )
 
 
-class PodClient:
+class PodClient(_Writes):
     """create/get/patch/delete/list of Pods, plus writes to the status subresource."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    plural = "pods"
+
+    def __init__(self, api_client: client.ApiClient, on_write: WriteObserver | None = None) -> None:
+        super().__init__(on_write)
         self._api = client.CoreV1Api(api_client)
+
+    def _watch(self, namespace: str) -> Callable[..., Any]:
+        def watch(**kwargs: Any) -> Any:
+            return self._api.list_namespaced_pod(namespace=namespace, **kwargs)
+
+        return watch
 
     def create(self, namespace: str, body: JsonObject) -> JsonObject:
         """Create a pod; the server ignores any ``status`` and ``deletionTimestamp`` in the body."""
-        return response_json(
-            self._api.create_namespaced_pod(
-                namespace=namespace,
-                body=client.V1Pod.model_validate(_with_namespace(body, namespace)),
-                _preload_content=False,
-            )
+        created = self._api.create_namespaced_pod(
+            namespace=namespace,
+            body=client.V1Pod.model_validate(_with_namespace(body, namespace)),
+            _preload_content=False,
         )
+        return self._written(namespace, response_json(created))
 
     def get(self, namespace: str, name: str) -> JsonObject:
         return response_json(
@@ -175,32 +290,31 @@ class PodClient:
         self, namespace: str, name: str, patch: JsonObject | list[JsonObject], content_type: str = MERGE_PATCH
     ) -> JsonObject:
         """Patch metadata/spec (JSON merge patch by default)."""
-        return response_json(
-            self._api.patch_namespaced_pod(
-                name=name, namespace=namespace, body=patch, _content_type=content_type, _preload_content=False
-            )
+        patched = self._api.patch_namespaced_pod(
+            name=name, namespace=namespace, body=patch, _content_type=content_type, _preload_content=False
         )
+        return self._written(namespace, response_json(patched))
 
     def patch_status(
         self, namespace: str, name: str, patch: JsonObject | list[JsonObject], content_type: str = MERGE_PATCH
     ) -> JsonObject:
         """Patch through the ``status`` subresource (JSON merge patch: lists are replaced whole)."""
-        return response_json(
-            self._api.patch_namespaced_pod_status(
-                name=name, namespace=namespace, body=patch, _content_type=content_type, _preload_content=False
-            )
+        patched = self._api.patch_namespaced_pod_status(
+            name=name, namespace=namespace, body=patch, _content_type=content_type, _preload_content=False
         )
+        return self._written(namespace, response_json(patched))
 
     def delete(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> JsonObject:
-        """Delete a pod; returns the server's answer (the pod, with deletionTimestamp if it lingers)."""
-        return response_json(
-            self._api.delete_namespaced_pod(
-                name=name,
-                namespace=namespace,
-                grace_period_seconds=grace_period_seconds,
-                _preload_content=False,
-            )
+        """Delete a pod; returns the server's answer: the pod, stamped with the deletion's revision when
+        it went at once, or with its deletionTimestamp (and that write's revision) if it lingers."""
+        deleted = self._api.delete_namespaced_pod(
+            name=name,
+            namespace=namespace,
+            grace_period_seconds=grace_period_seconds,
+            _preload_content=False,
         )
+        # The answer already carries the delete's own revision, whether the pod went or lingers.
+        return self._report(response_json(deleted))
 
     def list(self, namespace: str, label_selector: str | None = None) -> list[JsonObject]:
         return list_items(self.list_raw(namespace, label_selector))
@@ -220,10 +334,10 @@ def list_items(list_object: JsonObject) -> list[JsonObject]:
 
 
 class Kube:
-    """The three kinds the project deals with, over one ``ApiClient``."""
+    """The three kinds the project deals with, over one ``ApiClient``; every write told to ``on_write``."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, *, on_write: WriteObserver | None = None) -> None:
         self.api_client = api_client
-        self.pools = CustomResourceClient(api_client, POOL_PLURAL)
-        self.models = CustomResourceClient(api_client, MODEL_PLURAL)
-        self.pods = PodClient(api_client)
+        self.pools = CustomResourceClient(api_client, POOL_PLURAL, on_write)
+        self.models = CustomResourceClient(api_client, MODEL_PLURAL, on_write)
+        self.pods = PodClient(api_client, on_write)

@@ -29,7 +29,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from harness.builders import HOLD_FINALIZER, SIM_CONTAINER, SIM_IMAGE, rfc3339
-from harness.kube import JsonObject, Kube
+from harness.kube import JsonObject, Kube, WriteObserver
 
 _CONFLICT_RETRIES: Final = 10
 
@@ -37,8 +37,15 @@ _CONFLICT_RETRIES: Final = 10
 class Kubelet:
     """Plays the node for pods created through the API: writes their status, holds their deletion."""
 
-    def __init__(self, api_client: client.ApiClient, clock: Callable[[], datetime] | None = None) -> None:
-        self._kube = Kube(api_client)
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        clock: Callable[[], datetime] | None = None,
+        *,
+        on_write: WriteObserver | None = None,
+    ) -> None:
+        """`on_write` is told of every write this makes (as `harness.kube.Kube` tells it)."""
+        self._kube = Kube(api_client, on_write=on_write)
         self._clock = clock or (lambda: datetime.now(UTC))
 
     # -- lifecycle ---------------------------------------------------------------------------

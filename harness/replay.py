@@ -1,8 +1,10 @@
 """`harness replay SCENARIO.yaml`: reproduce a reconciler bug without writing Python.
 
 Each step is applied to a fresh control plane (or `--kubeconfig`'s cluster, in a fresh namespace)
-with the real EPP running; after each step the runner waits for the datastore to agree with the API
-server and prints the datastore view, the oracle's verdict and, for requests, the chosen endpoint.
+with the real EPP running; after each step the runner settles (the EPP has applied the step's writes
+and is idle: `harness.settle`), waits for the datastore to agree with the API server, and prints the
+datastore view, the oracle's verdict and, for requests, the chosen endpoint. Settling first is what
+makes an expectation such as `pods: [p2]` after a write that must change nothing a real check.
 Exit 0 when every step converged and met its expectations; 1 at the first step that diverged
 (named in the output); 2 for a malformed scenario.
 """
@@ -84,15 +86,21 @@ def _run_step(bed: TestBed, step: Step, timeout: float, out: TextIO) -> list[str
         result = ACTIONS[step.action](bed, step.args)
     except (AssertionError, ScenarioError, client.ApiException) as exc:
         return [f"the step itself failed: {_one_line(exc)}"]
+    problems: list[str] = []
     try:
-        verdict = bed.eventually_consistent(timeout=timeout)
+        bed.settled(timeout=timeout)
+    except AssertionError as exc:
+        problems.append(f"the EPP did not settle: {_one_line(exc)}")
+    try:
+        verdict = bed.verdict() if problems else bed.eventually_consistent(timeout=timeout)
     except AssertionError:
         verdict = bed.verdict()
     print(f"    datastore: {_summarise(bed.epp.datastore_view())}", file=out)
     print(f"    oracle:    {verdict.summary()}", file=out)
     if result is not None:
         print(f"    request:   {_describe(bed, result)}", file=out)
-    problems = [] if verdict.consistent else [verdict.summary()]
+    if not verdict.consistent:
+        problems.append(verdict.summary())
     return problems + check_expectations(bed, step, result)
 
 

@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 
 from harness.extproc_client import ExtProcResult
+from harness.settle import DEFAULT_TIMEOUT as DEFAULT_SETTLE_TIMEOUT
+from harness.settle import MODELS, PODS, POOLS
 from harness.testbed import TestBed
 
 Action = Callable[[TestBed, Any], ExtProcResult | None]
@@ -98,6 +100,19 @@ def _check_args(index: int, action: str, args: Any) -> None:
     _opts(args, allowed, where)
     if action == "gauges" and "pod" not in (args or {}):
         raise ScenarioError(f"{where}: needs 'pod'")
+    if action == "settle":
+        _check_settle_at((args or {}).get("at"), where)
+
+
+def _check_settle_at(at: Any, where: str) -> None:
+    if at is None:
+        return
+    kinds = {POOLS, MODELS, PODS}
+    if not isinstance(at, Mapping) or set(at) - kinds:
+        raise ScenarioError(f"{where}: 'at' maps kinds {sorted(kinds)} to resourceVersions")
+    for kind, version in at.items():
+        if not str(version).isdigit():
+            raise ScenarioError(f"{where}: 'at.{kind}' must be a resourceVersion (digits), got {version!r}")
 
 
 # ---------------------------------------------------------------------- actions
@@ -156,6 +171,14 @@ def _gauges(bed: TestBed, arg: Any) -> None:
     bed.eventually_gauges(pod, **o)
 
 
+def _settle(bed: TestBed, arg: Any) -> None:
+    """No write: wait for the barrier (every step does after its action; this step does only that),
+    also for resourceVersions written outside the scenario (`at`, e.g. with kubectl on --kubeconfig's
+    cluster), then check the step's `expect`."""
+    o = _opts(arg, ARGUMENTS["settle"], "settle")
+    bed.settled(at=o.get("at"), timeout=float(o.get("timeout", DEFAULT_SETTLE_TIMEOUT)))
+
+
 def _request(bed: TestBed, arg: Any) -> ExtProcResult:
     o = _opts(arg, ARGUMENTS["request"], "request")
     body = o.get("body")
@@ -183,6 +206,7 @@ ARGUMENTS: dict[str, set[str]] = {
     "pod_labels": {"name", "labels"},
     "gauges": {"pod", *GAUGE_KEYS},
     "request": {"model", "prompt", "chunks", "body", "bodyless"},
+    "settle": {"at", "timeout"},
 }
 
 ACTIONS: dict[str, Action] = {
@@ -202,6 +226,7 @@ ACTIONS: dict[str, Action] = {
     "gauges": _gauges,
     "request": _request,
     "restart_epp": lambda bed, _: bed.restart_epp(),
+    "settle": _settle,
 }
 
 

@@ -142,6 +142,15 @@ class Stack:
         assert self.epp is not None
         return self.epp.datastore_view()
 
+    def settled(self, timeout: float = 15.0, *, at: Mapping[str, str | int] | None = None) -> dict[str, Any]:
+        """The settle barrier (`TestBed.settled`) against this Stack's EPP process.
+
+        Writes made through `bed` are recorded; `at` adds resourceVersions written with kubectl
+        (per kind plural, e.g. ``{"pods": rv}``). Call it before any "X did not happen" check.
+        """
+        assert self.bed is not None, "the Stack is not started"
+        return self.bed.settle_barrier.wait(self.datastore_view, at=at, timeout=timeout)
+
     def wait_pods_scraped(self, count: int, timeout: float = 30.0) -> None:
         """Until the EPP holds `count` pods, each with fresh metrics (routing decisions are real)."""
 

@@ -7,6 +7,11 @@ drive the same methods, so a scenario written in YAML and one written in Python 
 
 Nothing here touches the EPP's datastore: state goes in through the API server and the simulators'
 HTTP endpoints, and comes out through ext_proc, health, /metrics and /debug/datastore.
+
+Every write made through `kube` and `kubelet` is recorded by the settle barrier (`harness.settle`):
+`settled()` waits until the EPP has applied them all and is idle, and `eventually_consistent()`
+settles first, so whatever a test asserts after it — "nothing changed" included — is about a
+datastore that has seen the test's last write.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any, Final
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from epp.k8s.controllers import Reconcilers
 from harness.addresses import AddressPool
 from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
 from harness.epp_inprocess import EppInProcess, EppSettings
@@ -30,6 +36,7 @@ from harness.extproc_client import ExtProcResult, request_headers
 from harness.kube import Kube, response_json
 from harness.kubelet import Kubelet
 from harness.oracle import Verdict, compare, expected_state, observed_state
+from harness.settle import SettleBarrier
 from harness.sim import ModelServerSim, SimConfig, SimThread
 
 DEFAULT_POOL = "pool"
@@ -73,11 +80,14 @@ class TestBed:
         sim_config: SimConfig | None = None,
         refresh_interval: float = 0.05,
         staleness_threshold: float = 2.0,
+        reconcilers: Reconcilers | None = None,
     ) -> None:
+        """`reconcilers`: build the EPP with these instead of the production ones (see EppInProcess)."""
         self.namespace = namespace
         self.pool_name = pool_name
-        self.kube = Kube(api_client)
-        self.kubelet = Kubelet(api_client)
+        self.settle_barrier = SettleBarrier()
+        self.kube = Kube(api_client, on_write=self.settle_barrier.record)
+        self.kubelet = Kubelet(api_client, on_write=self.settle_barrier.record)
         self.sim_config = sim_config or SimConfig(model="base-model", time_scale=0.01)
         self.pods: dict[str, SimulatedPod] = {}
         self._addresses = AddressPool()
@@ -90,7 +100,8 @@ class TestBed:
                 kubeconfig=kubeconfig,
                 refresh_interval=refresh_interval,
                 staleness_threshold=staleness_threshold,
-            )
+            ),
+            reconcilers=reconcilers,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -435,12 +446,29 @@ class TestBed:
         return compare(expected, observed_state(self.epp.datastore_view()))
 
     def eventually_consistent(self, timeout: float = 15.0) -> Verdict:
+        """Settle (`settled()`), then wait until the datastore agrees with the API server.
+
+        Settling first makes this a sound step for negative checks too: a write that must change
+        nothing passes only once the EPP has applied it, not merely because it had not looked yet.
+        """
+        self.settled(timeout=timeout)
+
         def check() -> Verdict:
             verdict = self.verdict()
             assert verdict.consistent, verdict.summary()
             return verdict
 
         return eventually(check, timeout=timeout, message="datastore consistent with the API server")
+
+    # ------------------------------------------------------------------ the settle barrier
+    def settled(self, timeout: float = 15.0, *, at: Mapping[str, str | int] | None = None) -> dict[str, Any]:
+        """Wait until the EPP has applied this bed's latest write of each kind it can see, and is idle.
+
+        `at` adds resourceVersions written some other way (kubectl), per kind plural ("pods",
+        "inferencemodels", "inferencepools"). Returns the datastore view that showed the EPP
+        settled. Call it before any "X did not happen" check (STYLE habit 20).
+        """
+        return self.settle_barrier.wait(self.epp.datastore_view, at=at, timeout=timeout)
 
     # ------------------------------------------------------------------ internals
     def _start_sim(self, pod: SimulatedPod, port: int, config: SimConfig | None) -> None:

@@ -6,6 +6,20 @@ its own object's key in that kind's queue; the reconcilers do the rest.
 
 Readiness is honest (STYLE habit 7): `has_synced` turns true once every informer has listed and the
 keys from those lists have been reconciled once, i.e. the datastore reflects the initial state.
+
+Progress is reported for the settle barrier (DESIGN.md §3): per watched kind, `progress()` gives the
+newest resourceVersion whose changes have all been received AND reconciled, and whether the kind's
+queue is idle. Why the "applied" version is sound, given three facts:
+1. the informer calls our handler, which enqueues the key, before it records an event's version
+   (informer.py), so every key of every change up to `informer.resource_version` is already queued;
+2. a queued key leaves the queue only through a worker, which calls `done` after its reconcile has
+   returned (or failed into a retry, which keeps the queue from being idle);
+3. everything here runs on one event loop, so a snapshot of (version, idle) is never torn.
+Hence whenever the queue is idle, the informer's current version is applied: we record it then
+(after each `done`, and at every snapshot), and report the last value recorded.
+
+Reconcilers are built by the `Reconcilers` factories given to the constructor (the production ones
+by default). A reconcile may be a coroutine function: its key counts as in flight until it returns.
 """
 
 from __future__ import annotations
@@ -13,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from epp.api import ObjectReader
 from epp.api.types import InferenceModel, InferencePool, NamespacedName, PodObject
 from epp.controller import ModelReconciler, PodReconciler, PoolReconciler
 from epp.datastore import Datastore
@@ -36,7 +52,50 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-Reconcile = Callable[[NamespacedName], None]
+Reconcile = Callable[[NamespacedName], Awaitable[None] | None]
+# How each kind's reconcile is built: (what it reads, the store it writes, the pool served) -> reconcile.
+ReconcilerFactory = Callable[[ObjectReader, Datastore, NamespacedName], Reconcile]
+
+
+def _pool_reconciler(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
+    return PoolReconciler(reader, store, pool).reconcile
+
+
+def _model_reconciler(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
+    return ModelReconciler(reader, store, pool).reconcile
+
+
+def _pod_reconciler(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
+    return PodReconciler(reader, store).reconcile
+
+
+@dataclass(frozen=True)
+class Reconcilers:
+    """The reconcile function of each kind. Production uses the defaults; a harness that needs a
+    deliberately slow or broken EPP passes its own factories here instead of branching in the code."""
+
+    pool: ReconcilerFactory = _pool_reconciler
+    model: ReconcilerFactory = _model_reconciler
+    pod: ReconcilerFactory = _pod_reconciler
+
+
+@dataclass(frozen=True)
+class WatchProgress:
+    """One watched kind, for the debug view: what the watch covers and how far the EPP has got."""
+
+    resource: str  # the API's plural, e.g. "pods"
+    namespace: str
+    field_selector: str | None
+    label_selector: str | None
+    received_resource_version: str  # every change up to here is in the cache and its key queued
+    applied_resource_version: str  # ... and reconciled ("" until the first idle moment after a list)
+    queued: int
+    processing: int
+    retrying: int
+
+    @property
+    def idle(self) -> bool:
+        return not (self.queued or self.processing or self.retrying)
 
 
 class Controllers:
@@ -51,8 +110,10 @@ class Controllers:
         watch_timeout: float = DEFAULT_WATCH_TIMEOUT,
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
+        reconcilers: Reconcilers | None = None,
     ) -> None:
         rng = rng or random.Random()
+        build = reconcilers or Reconcilers()
         ns = pool.namespace
 
         def informer(resource: Resource, parse: Parse[T], field_selector: str | None = None) -> Informer[T]:
@@ -77,9 +138,9 @@ class Controllers:
             return WorkQueue(kind, backoff=retry_backoff, rng=rng)
 
         self._lanes = [
-            _Lane("pool", pools, queue("pool"), PoolReconciler(reader, datastore, pool).reconcile),
-            _Lane("model", models, queue("model"), ModelReconciler(reader, datastore, pool).reconcile),
-            _Lane("pod", pods, queue("pod"), PodReconciler(reader, datastore).reconcile),
+            _Lane("pool", pools, queue("pool"), build.pool(reader, datastore, pool)),
+            _Lane("model", models, queue("model"), build.model(reader, datastore, pool)),
+            _Lane("pod", pods, queue("pod"), build.pod(reader, datastore, pool)),
         ]
         self._synced = asyncio.Event()
         self._started = False
@@ -90,6 +151,10 @@ class Controllers:
 
     async def wait_synced(self) -> None:
         await self._synced.wait()
+
+    def progress(self) -> Sequence[WatchProgress]:
+        """A snapshot per watched kind (pools, models, pods), taken on the event loop (never torn)."""
+        return tuple(lane.progress() for lane in self._lanes)
 
     async def run(self) -> None:
         """Watch and reconcile until cancelled; cancelling stops and awaits every task started here."""
@@ -124,10 +189,32 @@ class _Lane:
         self.informer = informer
         self.queue = queue
         self.reconcile = reconcile
+        self._applied = ""
         informer.add_handler(self._enqueue)
 
     def _enqueue(self, event: InformerEvent[Any]) -> None:
         self.queue.add(event.key)
+
+    def _note_if_idle(self) -> None:
+        # Idle now means every key queued so far is reconciled, and the informer queued every key up
+        # to its version before recording it: that version is applied (module docstring).
+        if self.queue.idle and self.informer.has_synced:
+            self._applied = self.informer.resource_version
+
+    def progress(self) -> WatchProgress:
+        self._note_if_idle()
+        informer, queue = self.informer, self.queue
+        return WatchProgress(
+            resource=informer.resource.plural,
+            namespace=informer.namespace,
+            field_selector=informer.field_selector,
+            label_selector=informer.label_selector,
+            received_resource_version=informer.resource_version,
+            applied_resource_version=self._applied,
+            queued=len(queue),
+            processing=queue.processing,
+            retrying=queue.retrying,
+        )
 
     async def work(self) -> None:
         """Success forgets the key's failures; an exception retries it with backoff."""
@@ -137,7 +224,9 @@ class _Lane:
             except QueueShutDown:
                 return
             try:
-                self.reconcile(key)
+                outcome = self.reconcile(key)
+                if outcome is not None:
+                    await outcome
             except Exception:
                 attempt = self.queue.num_requeues(key) + 1
                 log.exception("%s reconcile of %s failed (attempt %d); will retry", self.kind, key, attempt)
@@ -146,3 +235,4 @@ class _Lane:
                 self.queue.forget(key)
             finally:
                 self.queue.done(key)
+                self._note_if_idle()

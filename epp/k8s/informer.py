@@ -8,7 +8,10 @@ The reliability rules (DESIGN.md §2, client-go's reflector):
 - any other failure (refused, dropped mid-stream, 5xx, a watch that closes at once with nothing in
   it) reconnects after a capped, jittered exponential backoff;
 - the cache is updated before handlers run, so a reconciler triggered by an event reads at least
-  that state.
+  that state;
+- the resourceVersion is recorded after handlers run, so whoever reads `resource_version` == X
+  knows every handler for every change up to X has already been called (the controllers' handlers
+  enqueue keys, so those keys are already queued). The settle barrier depends on this order.
 """
 
 from __future__ import annotations
@@ -102,8 +105,27 @@ class Informer(Generic[T]):
 
     @property
     def resource_version(self) -> str:
-        """The newest resourceVersion seen (list, event or bookmark): where a reconnect resumes."""
+        """The newest resourceVersion delivered (list, event or bookmark): where a reconnect resumes.
+
+        Set only after the handlers of that change have run (see the module docstring).
+        """
         return self._resource_version
+
+    @property
+    def resource(self) -> Resource:
+        return self._resource
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def field_selector(self) -> str | None:
+        return self._field_selector
+
+    @property
+    def label_selector(self) -> str | None:
+        return self._label_selector
 
     @property
     def has_synced(self) -> bool:
@@ -178,7 +200,6 @@ class Informer(Generic[T]):
             if parsed is not None:
                 fresh[_key(raw)] = parsed
         old, self._cache = self._cache, fresh
-        self._resource_version = resource_version
         events: list[InformerEvent[T]] = [
             InformerEvent(DELETED, key, obj) for key, obj in old.items() if key not in fresh
         ]
@@ -189,10 +210,17 @@ class Informer(Generic[T]):
                 events.append(InformerEvent(MODIFIED, key, obj))
         for event in events:
             self._notify(event)
+        # Only now: handlers first, then the version (see the module docstring).
+        self._resource_version = resource_version
 
     def _apply(self, event: WatchEvent) -> None:
+        self._dispatch(event)
+        # After the handlers, never before: a reader that sees this version must find every key up
+        # to it already queued. (A bookmark has no handlers; it only moves the version on.)
         if event.resource_version:
             self._resource_version = event.resource_version
+
+    def _dispatch(self, event: WatchEvent) -> None:
         if event.type == BOOKMARK:
             return
         if event.type not in (ADDED, MODIFIED, DELETED):

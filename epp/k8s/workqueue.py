@@ -4,6 +4,8 @@
 - A key is never handed to two workers at once: added while being processed, it is marked dirty and
   queued again only when the worker calls `done`, so it is re-run after, with the newest state.
 - `add_rate_limited` re-adds a failed key after a per-key exponential delay; `forget` resets it.
+- `idle` is true only when nothing is queued, nothing is being processed and no key waits in retry
+  backoff: the state in which every key added so far has been handled (the settle barrier's "idle").
 
 Delays are scheduled through an injectable `call_later` (default: the running loop's), so the queue
 owns no tasks and tests fire retries by hand.
@@ -120,6 +122,25 @@ class WorkQueue(Generic[K]):
     async def wait_idle(self) -> None:
         """Until nothing is queued or processing (pending retries do not count)."""
         await self._idle.wait()
+
+    @property
+    def processing(self) -> int:
+        """Keys a worker holds (between `get` and `done`)."""
+        return len(self._processing)
+
+    @property
+    def retrying(self) -> int:
+        """Keys waiting out a retry backoff before they are queued again."""
+        return len(self._timers)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, nothing in flight, nothing waiting to be retried.
+
+        Unlike `wait_idle`, a pending retry counts as work: a key whose reconcile failed has not been
+        applied yet, so a caller asking "has everything added so far been handled?" must hear no.
+        """
+        return not self._queue and not self._processing and not self._timers
 
     def shutdown(self) -> None:
         """Stop handing out keys, drop pending retries and wake every waiting `get` to raise."""

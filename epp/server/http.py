@@ -4,6 +4,12 @@ The debug view is the harness's consistency oracle (DESIGN.md §2, Debug snapsho
 pods as the datastore holds them right now, with each pod's metrics and their age. GET only; both
 routes only read. Pods and models are sorted by namespace/name so two dumps of the same state are
 identical.
+
+It also carries `watches`, the settle barrier's input (DESIGN.md §3): per watched resource, what the
+watch covers (namespace, selectors) and how far the EPP has got — the newest resourceVersion
+received, the newest applied (received and reconciled), and the work still queued, in flight or
+waiting to be retried. The whole document is built in one synchronous call on the EPP's event loop,
+so the datastore and the progress it shows are one consistent moment.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from epp.api.types import InferenceModel, InferencePool
 from epp.datastore.types import PodMetrics
+from epp.k8s.controllers import WatchProgress
 
 METRICS_PATH = "/metrics"
 DEBUG_DATASTORE_PATH = "/debug/datastore"
@@ -32,7 +39,14 @@ class DatastoreView(Protocol):
     def pod_get_all(self) -> Sequence[PodMetrics]: ...
 
 
-def debug_view(datastore: DatastoreView, now: float) -> dict[str, Any]:
+WatchProgressSource = Callable[[], Sequence[WatchProgress]]
+
+
+def no_watches() -> Sequence[WatchProgress]:
+    return ()
+
+
+def debug_view(datastore: DatastoreView, now: float, watches: Sequence[WatchProgress] = ()) -> dict[str, Any]:
     """The JSON document served at /debug/datastore (`now` is the clock the metrics were stamped by)."""
     pool = datastore.pool_get()
     return {
@@ -56,6 +70,21 @@ def debug_view(datastore: DatastoreView, now: float) -> dict[str, Any]:
             for m in sorted(datastore.model_get_all(), key=lambda m: m.key)
         ],
         "pods": [_pod(p, now) for p in sorted(datastore.pod_get_all(), key=lambda p: p.pod.key)],
+        "watches": {w.resource: _watch(w) for w in watches},
+    }
+
+
+def _watch(w: WatchProgress) -> dict[str, Any]:
+    return {
+        "namespace": w.namespace,
+        "fieldSelector": w.field_selector,
+        "labelSelector": w.label_selector,
+        "receivedResourceVersion": w.received_resource_version,
+        "appliedResourceVersion": w.applied_resource_version,
+        "queued": w.queued,
+        "processing": w.processing,
+        "retrying": w.retrying,
+        "idle": w.idle,
     }
 
 
@@ -78,13 +107,16 @@ def _pod(pod: PodMetrics, now: float) -> dict[str, Any]:
 
 
 def metrics_app(
-    registry: CollectorRegistry, datastore: DatastoreView, clock: Callable[[], float]
+    registry: CollectorRegistry,
+    datastore: DatastoreView,
+    clock: Callable[[], float],
+    watches: WatchProgressSource = no_watches,
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def debug(_: web.Request) -> web.Response:
-        return web.json_response(debug_view(datastore, clock()))
+        return web.json_response(debug_view(datastore, clock(), watches()))
 
     app = web.Application()
     app.router.add_get(METRICS_PATH, metrics, allow_head=False)

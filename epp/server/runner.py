@@ -17,7 +17,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ from epp.config import ServerConfig
 from epp.datastore import Datastore, new_datastore
 from epp.handlers import ExtProcServicer
 from epp.k8s import Controllers, KubeClient
+from epp.k8s.controllers import WatchProgress
 from epp.metrics import PoolCollector, RequestMetrics
 from epp.scheduling import Scheduler
 from epp.server.health import HealthServicer
@@ -53,6 +54,10 @@ class ControllersLike(Protocol):
     def has_synced(self) -> bool: ...
 
     async def run(self) -> None: ...
+
+    def progress(self) -> Sequence[WatchProgress]:
+        """Per watched kind, how far the watches and reconciles have got (the debug view shows it)."""
+        ...
 
 
 ControllersFactory = Callable[[Datastore], ControllersLike]
@@ -249,6 +254,10 @@ class Epp:
             host_port(config.bind_address, self.metrics_port),
         )
 
+    def _watch_progress(self) -> Sequence[WatchProgress]:
+        # The metrics port serves before the controllers exist: no watches to report yet.
+        return () if self._controllers is None else self._controllers.progress()
+
     async def _unregister(self, collectors: tuple[Any, ...]) -> None:
         for collector in collectors:
             self._registry.unregister(collector)
@@ -302,7 +311,8 @@ class Epp:
         await self._start_grpc("grpc-health", "health", server, port)
 
     async def _start_metrics_http(self, store: Datastore) -> None:
-        runner = web.AppRunner(metrics_app(self._registry, store, self._clock), access_log=None)
+        app = metrics_app(self._registry, store, self._clock, self._watch_progress)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         sock = None
         try:

@@ -82,7 +82,12 @@ def bed(stack: Stack) -> TestBed:
 
 
 def wait_routable(stack: Stack, pods: Sequence[str], timeout: float = 15.0) -> None:
-    """Until the EPP's datastore holds exactly ``pods``, each with metrics scraped."""
+    """Settle, then until the EPP's datastore holds exactly ``pods``, each with metrics scraped.
+
+    Settling first makes "exactly" mean something for the pods that must NOT be there: the EPP has
+    applied every pod write the test made, so a pod it would wrongly add is already in the view.
+    """
+    stack.settled(timeout=timeout)
 
     def check() -> None:
         view = stack.datastore_view().get("pods") or []

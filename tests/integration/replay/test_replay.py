@@ -56,10 +56,36 @@ def test_diverging_scenario_names_the_step(tmp_path: Path, control_plane: Cluste
     assert "datastore pods [], expected ['p1']" in run.stdout
 
 
+def test_settle_step_waits_for_a_given_resource_version_and_says_how_far_the_epp_got(
+    tmp_path: Path, control_plane: ClusterAccess
+) -> None:
+    scenario = tmp_path / "settle.yaml"
+    scenario.write_text(
+        "name: settle on a write that never comes\n"
+        "steps:\n"
+        "  - apply_pool: {selector: {app: vllm}, port: 8000}\n"
+        "  - add_pod: {name: p1, labels: {app: vllm}}\n"
+        "  - settle:\n"
+        "    expect: {pods: [p1]}\n"
+        "  - settle: {at: {pods: 999999999}, timeout: 1}\n"
+    )
+    run = replay(scenario, "--kubeconfig", str(control_plane.kubeconfig_path))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "[3] settle" in run.stdout
+    assert "DIVERGED at step 4" in run.stdout
+    assert re.search(r"EPP settled: still failing .* pods: applied \d+, written 999999999", run.stdout), (
+        run.stdout
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         pytest.param("steps: []\n", "non-empty 'steps'", id="no-steps"),
+        pytest.param("steps:\n  - settle: {at: {pod: 12}}\n", "'at' maps kinds", id="settle-unknown-kind"),
+        pytest.param(
+            "steps:\n  - settle: {at: {pods: soon}}\n", "must be a resourceVersion", id="settle-bad-rv"
+        ),
         pytest.param("steps:\n  - fly_away: p1\n", "exactly one action", id="unknown-action"),
         pytest.param("steps:\n  - add_pod: {name: p1, colour: red}\n", "unknown keys ['colour']", id="typo"),
     ],

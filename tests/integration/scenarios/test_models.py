@@ -1,7 +1,9 @@
 """InferenceModel scenarios (epp-behaviour.md §3.3, §9.7): oldest wins, removal by identity, namespaces.
 
 Which object owns a modelName is visible twice: in the datastore view, and in the routed request,
-whose body is rewritten to the owner's target model.
+whose body is rewritten to the owner's target model. "The model stays owned by the older object" is a
+negative check: `eventually_consistent()` settles before it (the EPP has applied the write that could
+have changed the owner), so it cannot pass vacuously.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Each step is followed by `eventually_consistent()`: the oracle, computed from the API server alone,
 must match the EPP's /debug/datastore view. Assertions after it pin down what the step was about.
+It settles first (`TestBed.settled()`: the EPP has applied the step's write and is idle), so the
+negative ones — "p1 must not come back", "another pod's event changes nothing" — cannot pass just
+because the EPP has not looked yet.
 """
 
 from __future__ import annotations

@@ -260,3 +260,24 @@ def test_unparseable_object_is_not_cached() -> None:
             assert h.informer.get(key("p1")) is None
 
     run(main)
+
+
+def test_resource_version_is_recorded_only_after_the_handlers_ran() -> None:
+    """Whoever reads version X must find every handler up to X already called (the settle barrier)."""
+
+    async def main() -> None:
+        async with started(two_pods) as h:
+            seen_by_handler: list[str] = []
+            h.informer.add_handler(lambda _: seen_by_handler.append(h.informer.resource_version))
+            await asyncio.wait_for(h.informer.wait_synced(), WAIT)
+            listed = h.informer.resource_version
+            assert seen_by_handler == ["", ""], "the list's version is recorded after its events"
+            await h.next(2)
+            await h.watch_count(1)
+
+            h.server.upsert(POD_PATH, pod("p3"))
+            await h.next()
+            assert seen_by_handler[-1] == listed  # the handler ran before the new version was recorded
+            assert h.informer.resource_version == str(h.server.rv)
+
+    run(main)

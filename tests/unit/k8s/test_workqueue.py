@@ -204,3 +204,26 @@ def test_default_timer_uses_the_running_loop() -> None:
         q.shutdown()
 
     run(main)
+
+
+def test_idle_counts_queued_in_flight_and_retrying_keys_as_work() -> None:
+    """`idle` is the settle barrier's "nothing left to do": unlike `wait_idle`, a pending retry is work."""
+
+    async def main() -> None:
+        timers = ManualTimers()
+        q = queue(timers)
+        assert q.idle
+        q.add("a")
+        assert (len(q), q.processing, q.retrying, q.idle) == (1, 0, 0, False)
+        key = await q.get()
+        assert (len(q), q.processing, q.retrying, q.idle) == (0, 1, 0, False)
+        q.add_rate_limited(key)  # the reconcile failed
+        q.done(key)
+        assert (len(q), q.processing, q.retrying, q.idle) == (0, 0, 1, False)
+        await asyncio.wait_for(q.wait_idle(), WAIT)  # the older notion ignores the retry
+        timers.fire_all()
+        assert (len(q), q.retrying, q.idle) == (1, 0, False)
+        q.done(await q.get())
+        assert q.idle
+
+    run(main)

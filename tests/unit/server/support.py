@@ -12,6 +12,7 @@ from epp.api.types import InferenceModel, InferencePool, PodObject
 from epp.backend.metrics import Fetcher, ScrapeError
 from epp.config import ServerConfig
 from epp.datastore import Datastore
+from epp.k8s.controllers import WatchProgress
 from epp.server.runner import ControllersLike, Epp
 from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
 
@@ -40,6 +41,9 @@ class SeedingControllers:
     @property
     def has_synced(self) -> bool:
         return self._synced
+
+    def progress(self) -> tuple[WatchProgress, ...]:
+        return ()  # no watches: the datastore is seeded directly
 
     async def run(self) -> None:
         if self._seed is not None:

@@ -223,6 +223,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                         "metricsAgeSeconds": None,
                     },
                 ],
+                "watches": {},  # the seeding fake watches nothing (the controllers' own tests cover it)
             }
 
     asyncio.run(scenario())

@@ -1,0 +1,149 @@
+"""The settle barrier, proven on a real API server and a real (deliberately slowed) EPP.
+
+A delay alone never makes a correct EPP wrong, so the proof pairs it with a planted defect that shows
+only once the delayed handler has run: the pod reconcile waits 500 ms, then adds pods whether or not
+they are Ready. The negative check "an unready pod is not routed" then
+
+* passes without the barrier — vacuously: the EPP has not handled the pod yet;
+* fails with the barrier — the EPP has applied the write, and the defect is there to see.
+
+That difference is the point: without the barrier, a suite of negative checks stays green on an EPP
+that routes to unready pods. The control case shows the barrier is not a false alarm: the same delay
+without the defect passes the same check after settling, and a Ready pod added to it is present the
+moment `settled()` returns, with no polling.
+
+The slow and broken reconcile goes in through the controllers' constructor (`Reconcilers`); the
+product code has no test branch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+
+from epp.api import NamespacedName, ObjectReader
+from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.controller import PodReconciler
+from epp.k8s.controllers import Reconcile, ReconcilerFactory, Reconcilers
+from harness.controlplane import ClusterAccess
+from harness.settle import PODS, revision
+from harness.testbed import TestBed
+
+from .support import serving
+
+pytestmark = pytest.mark.integration
+
+DELAY_S = 0.5
+UNREADY = "unready"
+
+
+class ReadinessBlind:
+    """The planted defect: an ObjectReader that reports every pod Ready."""
+
+    def __init__(self, inner: ObjectReader) -> None:
+        self._inner = inner
+
+    def get_pool(self, key: NamespacedName) -> InferencePool | None:
+        return self._inner.get_pool(key)
+
+    def get_model(self, key: NamespacedName) -> InferenceModel | None:
+        return self._inner.get_model(key)
+
+    def list_models(self, namespace: str) -> Sequence[InferenceModel]:
+        return self._inner.list_models(namespace)
+
+    def get_pod(self, key: NamespacedName) -> PodObject | None:
+        pod = self._inner.get_pod(key)
+        return None if pod is None else dataclasses.replace(pod, ready=True)
+
+    def list_pods(self, namespace: str, selector: Any) -> Sequence[PodObject]:
+        return [dataclasses.replace(p, ready=True) for p in self._inner.list_pods(namespace, selector)]
+
+
+def delayed(reconcile: Callable[[NamespacedName], None]) -> Reconcile:
+    """Holds its key for DELAY_S first (in flight, so the EPP is not idle), then reconciles."""
+
+    async def later(key: NamespacedName) -> None:
+        await asyncio.sleep(DELAY_S)
+        reconcile(key)
+
+    return later
+
+
+def delayed_pods(*, readiness_blind: bool) -> ReconcilerFactory:
+    """The pod reconcile, delayed, and readiness-blind if asked (the store is the EPP's, as wired)."""
+    return lambda reader, store, pool: delayed(
+        PodReconciler(ReadinessBlind(reader) if readiness_blind else reader, store).reconcile
+    )
+
+
+@pytest.fixture
+def slow_bed(
+    control_plane: ClusterAccess, kube_api: ApiClient, namespace: str
+) -> Iterator[Callable[..., TestBed]]:
+    beds: list[TestBed] = []
+
+    def make(*, readiness_blind: bool) -> TestBed:
+        pods = delayed_pods(readiness_blind=readiness_blind)
+        bed = TestBed(kube_api, namespace, control_plane.kubeconfig_path, reconcilers=Reconcilers(pod=pods))
+        beds.append(bed)
+        return bed
+
+    try:
+        yield make
+    finally:
+        for bed in beds:
+            bed.close()
+
+
+def unready_pod_not_routed(view: dict[str, Any]) -> None:
+    """The negative check under test."""
+    routed = [p["name"] for p in view["pods"]]
+    assert UNREADY not in routed, f"the unready pod is routed: datastore holds {routed}"
+
+
+def applied_the_pod_write(bed: TestBed, view: dict[str, Any]) -> bool:
+    """Had this view applied the bed's latest pod write, and was the EPP idle?"""
+    pods = view["watches"][PODS]
+    written = bed.settle_barrier.targets(view["watches"])[PODS]
+    return bool(pods["idle"]) and revision(pods["appliedResourceVersion"]) >= written
+
+
+def test_the_barrier_exposes_a_defect_that_a_delayed_pod_handler_hides(
+    slow_bed: Callable[..., TestBed],
+) -> None:
+    """Same EPP, same write, same check: passes unsettled, fails settled. The difference is the point."""
+    bed = slow_bed(readiness_blind=True)
+    serving(bed, "p1")
+
+    bed.add_pod(UNREADY, ready=False)
+
+    # Without the barrier: the check passes, on a view that has not applied the write (vacuous).
+    unsettled = bed.view()
+    unready_pod_not_routed(unsettled)
+    assert not applied_the_pod_write(bed, unsettled)
+
+    # With the barrier: the same check on a view that has applied it finds the defect.
+    settled = bed.settled()
+    assert applied_the_pod_write(bed, settled)
+    with pytest.raises(AssertionError, match="the unready pod is routed"):
+        unready_pod_not_routed(settled)
+    with pytest.raises(AssertionError, match=f"pod .*/{UNREADY}: expected absent"):
+        bed.eventually_consistent(timeout=1)  # the oracle agrees: the datastore is wrong
+
+
+def test_a_delay_alone_is_not_a_defect_and_the_barrier_waits_it_out(slow_bed: Callable[..., TestBed]) -> None:
+    bed = slow_bed(readiness_blind=False)
+    serving(bed, "p1")
+
+    bed.add_pod(UNREADY, ready=False)
+    unready_pod_not_routed(bed.settled())
+    bed.eventually_consistent()
+
+    bed.add_pod("p2")
+    assert "p2" in {p["name"] for p in bed.settled()["pods"]}, "settled, so no polling is needed"
