@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent environment set-up shared by the demo and the test commands:
-# a venv in .venv with the project and its test extras, then the kube-apiserver binary
-# (taken from $KUBEBUILDER_ASSETS or the cache, else built from Go modules once).
+# a venv in .venv with the project and its test extras, then the Go-built binaries (etcd,
+# kube-apiserver, kube-scheduler, kube-controller-manager), taken from $TEST_ASSET_<NAME>,
+# $KUBEBUILDER_ASSETS or the harness cache, else built from Go modules once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,5 +24,5 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 
-echo "==> ensuring kube-apiserver (first build from Go modules takes ~3 min)"
+echo "==> ensuring the control-plane binaries (the first build from Go modules takes a few minutes)"
 .venv/bin/harness build
