@@ -44,6 +44,7 @@ POOL_PLURAL: Final = "inferencepools"
 MODEL_KIND: Final = "InferenceModel"
 MODEL_PLURAL: Final = "inferencemodels"
 
+FIELD_MANAGER: Final = "epp-harness"
 _CRD_API: Final = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 _POLL_INTERVAL_S: Final = 0.05
 _CONFLICT_RETRIES: Final = 5
@@ -143,7 +144,12 @@ def _create_or_update(api: client.CustomObjectsApi, manifest: dict[str, Any]) ->
             try:
                 _json_body(
                     api.create_cluster_custom_object(
-                        group, version, plural, body=manifest, _preload_content=False
+                        group,
+                        version,
+                        plural,
+                        body=manifest,
+                        field_manager=FIELD_MANAGER,
+                        _preload_content=False,
                     )
                 )  # read the reply: an unread one is logged by the server as an aborted request
                 return
@@ -158,7 +164,13 @@ def _create_or_update(api: client.CustomObjectsApi, manifest: dict[str, Any]) ->
         try:
             _json_body(
                 api.replace_cluster_custom_object(
-                    group, version, plural, name, body=desired, _preload_content=False
+                    group,
+                    version,
+                    plural,
+                    name,
+                    body=desired,
+                    field_manager=FIELD_MANAGER,
+                    _preload_content=False,
                 )
             )
             return
