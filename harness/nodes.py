@@ -35,6 +35,7 @@ from typing import Any, Final
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from harness.eventually import eventually
 from harness.kube import JsonObject, response_json
 
 NODE_SET_KEY: Final = "epp-harness/node-set"
@@ -57,7 +58,12 @@ class NodeSet:
         labels: Mapping[str, str] | None = None,
         capacity: Mapping[str, str] | None = None,
         renew_interval: float = RENEW_INTERVAL_S,
+        wait_schedulable: bool = True,
+        timeout: float = 60.0,
     ) -> None:
+        """``wait_schedulable``: ``start()`` returns once the node-lifecycle controller has lifted the
+        ``node.kubernetes.io/not-ready`` taint that admission puts on every new Node (as for a real
+        kubelet's node); pass False in a plane without controllers, where it is never lifted."""
         self.id = secrets.token_hex(4)
         self.names = [f"harness-node-{self.id}-{i}" for i in range(count)]
         self.labels = {**(labels or {}), NODE_SET_KEY: self.id}
@@ -67,6 +73,8 @@ class NodeSet:
         self._core = client.CoreV1Api(api_client)
         self._leases = client.CustomObjectsApi(api_client)  # raw JSON for coordination.k8s.io/v1
         self._renew_interval = renew_interval
+        self._wait_schedulable = wait_schedulable
+        self._timeout = timeout
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._registered: list[str] = []
@@ -100,6 +108,18 @@ class NodeSet:
             raise
         self._thread = threading.Thread(target=self._renew_loop, name=f"node-leases-{self.id}", daemon=True)
         self._thread.start()
+        if self._wait_schedulable:
+            try:
+                eventually(self._assert_schedulable, timeout=self._timeout, message="nodes schedulable")
+            except BaseException:
+                self.stop()
+                raise
+
+    def _assert_schedulable(self) -> None:
+        for name in self.names:
+            node = response_json(self._core.read_node(name, _preload_content=False))
+            others = [t["key"] for t in node["spec"].get("taints") or [] if t["key"] != NODE_SET_KEY]
+            assert not others, f"{name} is still tainted {others} (is the node-lifecycle controller running?)"
 
     def stop(self) -> None:
         """Stop renewing (joins the thread), then delete the Nodes and their Leases. Idempotent."""
