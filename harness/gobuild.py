@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -118,8 +118,6 @@ class GoBuild:
     ldflags: Callable[[BuildContext], str] = _plain_ldflags
     tags: str = ""
     go_mod_extra: Callable[[BuildContext], Sequence[str]] | None = None
-    cgo: bool = False
-    extra_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def wrapper_module(self) -> str:
@@ -281,7 +279,7 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
     work = cache_root() / ".build"
     work.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f"{build.name}-", dir=work))
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", **build.extra_env}
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
     names = ", ".join(b.name for b in binaries)
     step = f"[{build.name}]"
     try:
@@ -304,7 +302,7 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
             lambda line: line.startswith("go: downloading"),
             "modules downloaded",
         )
-        build_env = {**env, "CGO_ENABLED": "1" if build.cgo else "0"}
+        build_env = {**env, "CGO_ENABLED": "0"}  # static, as upstream's release builds
         tags = [f"-tags={build.tags}"] if build.tags else []
         total = _count_dependencies(go, workdir, build_env, tags, packages)
         _say(out, f"{step} 3/4 go build {names} ({total} packages; cached ones are not recompiled)")
@@ -363,12 +361,12 @@ def require_go(minimum: tuple[int, ...], go: str | None = None) -> str:
     return go
 
 
-def download_module(module_at_version: str, workdir: Path | None = None) -> dict[str, Any]:
+def download_module(module_at_version: str) -> dict[str, Any]:
     """``go mod download -json`` of one module version (its ``Dir``, ``GoMod``, ``Origin`` ...)."""
     go = require_go((1, 21))
     env = {**os.environ, "GOTOOLCHAIN": "local"}
-    with tempfile.TemporaryDirectory(prefix="go-download-") as scratch:
-        return _download_module_info(go, module_at_version, workdir or Path(scratch), env)
+    with tempfile.TemporaryDirectory(prefix="go-download-") as scratch:  # outside any module
+        return _download_module_info(go, module_at_version, Path(scratch), env)
 
 
 def _download_module_info(

@@ -29,7 +29,7 @@ def fake_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.delenv(crds.CRD_RELEASE_ENV, raising=False)
     asked: list[str] = []
 
-    def download(module_at_version: str, workdir: Path | None = None) -> dict[str, Any]:
+    def download(module_at_version: str) -> dict[str, Any]:
         asked.append(module_at_version)
         release = module_at_version.rsplit("@", 1)[1]
         directory = tmp_path / "modules" / release
