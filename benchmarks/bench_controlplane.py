@@ -1,12 +1,17 @@
-"""Control-plane costs: cold start (etcd + kube-apiserver + CRDs) and the per-test namespace fixture.
+"""Control-plane costs: cold start of the full and the minimal plane, and the per-test namespace fixture.
 
-- **Cold start**: ``ControlPlane(install_crds=True)`` from nothing to ready (``/readyz`` OK, the
-  ``default`` namespace present, CRDs Established and in discovery), binaries already cached; then a
-  stop. Median of ``--runs`` (default 5). Target (issue 2): ≤ 8 s on this 2-core machine.
-- **Namespace fixture**: what the ``namespace`` fixture does per test (create a namespace, request
-  its deletion without waiting), timed directly against one control plane; and end to end, as the
-  difference between two inner pytest runs against that same cluster (``--kubeconfig``) with N tests
-  that do and do not use the fixture, divided by N. Target: ≤ 100 ms.
+- **Cold start, full plane**: ``ControlPlane()`` from nothing to ready: etcd, kube-apiserver
+  (``/readyz`` OK, the ``default`` namespace present), kube-scheduler and kube-controller-manager
+  (``/healthz`` OK, the ``default`` ServiceAccount created), the upstream CRDs Established and in
+  discovery; binaries already cached. Then a stop. Median of ``--runs`` (default 5). Target
+  (issue 8): ≤ 4 s on this 2-core machine.
+- **Cold start, minimal plane**: the same with ``components=MINIMAL`` (etcd + kube-apiserver + CRDs).
+  Target: ≤ 3 s.
+- **Namespace fixture**: what the ``namespace`` fixture does per test against the full plane (create
+  a namespace, wait for its ``default`` ServiceAccount, request its deletion without waiting), timed
+  directly; and end to end, as the difference between two inner pytest runs against that same
+  cluster (``--kubeconfig``) with N tests that do and do not use the fixture, divided by N.
+  Target: ≤ 100 ms.
 
 Prints figures, asserts nothing:
 
@@ -21,14 +26,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from kubernetes import client
 
-from harness.controlplane import ControlPlane
-from harness.kube_apiserver_build import ensure_kube_apiserver
-from harness.pytest_plugin import namespace_name
+from harness.controlplane import FULL, MINIMAL, ControlPlane
+from harness.go_binaries import ensure_all
+from harness.namespaces import create_namespace, namespace_name
 
 INNER_WITH = """
 import pytest
@@ -44,11 +49,11 @@ def test_without_namespace(control_plane, n):
 """
 
 
-def bench_cold_start(runs: int) -> list[float]:
+def bench_cold_start(runs: int, components: Collection[str]) -> list[float]:
     durations = []
     for _ in range(runs):
         started = time.perf_counter()
-        plane = ControlPlane(install_crds=True)
+        plane = ControlPlane(components=components)
         plane.start()
         durations.append(time.perf_counter() - started)
         plane.stop()
@@ -60,10 +65,9 @@ def bench_namespace_direct(plane: ControlPlane, count: int) -> list[float]:
     for i in range(count):
         started = time.perf_counter()
         with plane.api_client() as api_client:
-            core = client.CoreV1Api(api_client)
             name = namespace_name(f"bench-{i}")
-            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-            core.delete_namespace(name)
+            create_namespace(api_client, name)
+            client.CoreV1Api(api_client).delete_namespace(name)
         durations.append(time.perf_counter() - started)
     return durations
 
@@ -83,6 +87,13 @@ def bench_namespace_pytest(plane: ControlPlane, count: int) -> tuple[float, floa
     return times[0], times[1]
 
 
+def _summary(durations: list[float]) -> str:
+    return (
+        f"median {statistics.median(durations):.2f} s (min {min(durations):.2f}, max {max(durations):.2f}; "
+        f"runs: {', '.join(f'{d:.2f}' for d in durations)})"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -91,20 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--namespaces", type=int, default=50, help="namespaces per measurement")
     args = parser.parse_args(argv)
 
-    binary = ensure_kube_apiserver()
-    print(f"kube-apiserver: {binary.path} ({binary.source})")
+    for name, resolved in ensure_all().items():
+        print(f"{name}: {resolved.path} ({resolved.source})")
 
-    cold = bench_cold_start(args.runs)
-    print(
-        f"cold start etcd + kube-apiserver + CRDs: median {statistics.median(cold):.2f} s "
-        f"(min {min(cold):.2f}, max {max(cold):.2f}; runs: {', '.join(f'{d:.2f}' for d in cold)})"
-    )
+    full = bench_cold_start(args.runs, FULL)
+    print(f"cold start, full plane (etcd, apiserver, scheduler, controller-manager, CRDs): {_summary(full)}")
+    minimal = bench_cold_start(args.runs, MINIMAL)
+    print(f"cold start, minimal plane (etcd, apiserver, CRDs): {_summary(minimal)}")
 
-    with ControlPlane(install_crds=True) as plane:
+    with ControlPlane() as plane:
         direct = bench_namespace_direct(plane, args.namespaces)
         print(
-            f"namespace fixture work (client + create + delete request), {args.namespaces} runs: "
-            f"median {statistics.median(direct) * 1000:.1f} ms, p90 "
+            f"namespace fixture work (client + create + default ServiceAccount + delete request), "
+            f"{args.namespaces} runs: median {statistics.median(direct) * 1000:.1f} ms, p90 "
             f"{statistics.quantiles(direct, n=10)[-1] * 1000:.1f} ms"
         )
         with_ns, without_ns = bench_namespace_pytest(plane, args.namespaces)

@@ -54,6 +54,7 @@ from harness.controlplane import ControlPlane
 from harness.epp_process import EppProcess
 from harness.kube import Kube
 from harness.kubelet import Kubelet
+from harness.namespaces import create_namespace
 
 NAMESPACE: Final = "bench-memory"
 POOL: Final = "bench-pool"
@@ -418,9 +419,7 @@ def run(args: argparse.Namespace) -> None:
             ControlPlane() as plane,
             plane.api_client() as api,
         ):
-            client.CoreV1Api(api).create_namespace(
-                client.V1Namespace.model_validate({"metadata": {"name": NAMESPACE}}), _preload_content=False
-            )
+            create_namespace(api, NAMESPACE)
             pool = PoolBuilder(POOL).namespace(NAMESPACE).selector(LABELS).port(PORT).extension_ref("epp")
             Kube(api).pools.create(NAMESPACE, pool.build())
             server = ServerChild(addresses, PORT, Path(workdir))

@@ -23,9 +23,8 @@ import statistics
 import time
 from urllib.parse import urlparse
 
-from kubernetes import client
-
 from harness.controlplane import ControlPlane
+from harness.namespaces import create_namespace
 from harness.testbed import TestBed
 
 NAMESPACE = "bench-reconcile"
@@ -85,9 +84,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with ControlPlane() as plane, plane.api_client() as api:
-        client.CoreV1Api(api).create_namespace(
-            client.V1Namespace.model_validate({"metadata": {"name": NAMESPACE}}), _preload_content=False
-        )
+        create_namespace(api, NAMESPACE)
         with TestBed(api, NAMESPACE, plane.kubeconfig_path) as bed:
             bed.start_epp()
             bed.apply_pool()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent environment set-up shared by the demo and the test commands:
 # a venv in .venv with exactly the locked dependencies (requirements/dev.txt, hashes checked) and
-# the project itself, then the binaries the harness builds from Go modules (taken from
-# $KUBEBUILDER_ASSETS or the cache, else built once).
+# the project itself, then the Go-built binaries (etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager), taken from $TEST_ASSET_<NAME>, $KUBEBUILDER_ASSETS or the harness cache,
+# else built from Go modules once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,5 +27,5 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 
-echo "==> ensuring kube-apiserver (first build from Go modules takes ~3 min)"
+echo "==> ensuring the control-plane binaries (the first build from Go modules takes a few minutes)"
 .venv/bin/harness build

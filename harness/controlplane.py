@@ -1,10 +1,26 @@
-"""A real, throw-away Kubernetes control plane: etcd + kube-apiserver as child processes.
+"""A real, throw-away Kubernetes control plane: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager as child processes.
 
-Modelled on controller-runtime envtest (``reference/envtest.md`` §0/§1): etcd first, then
-kube-apiserver; ready means ``/readyz`` is OK *and* the ``default`` namespace exists (RBAC bootstrap
-has run); a partial start is rolled back; stop goes in reverse order and removes the temp dir. Admin
-access is a client certificate in ``system:masters``, embedded in a kubeconfig written next to the
-processes' logs. Usable as a plain context manager; the pytest plugin and ``harness up`` only wrap it.
+Modelled on controller-runtime envtest (``reference/envtest.md`` §0/§1) and extended to the parts
+envtest leaves out, so a Deployment applied with kubectl really gets a ReplicaSet and pods bound to
+nodes, namespaces really finish deleting, and every namespace gets its ``default`` ServiceAccount:
+
+* etcd first, then kube-apiserver; ready means ``/readyz`` is OK *and* the ``default`` namespace
+  exists (RBAC bootstrap has run). Then, in the full plane, the scheduler and the controller-manager
+  start side by side, each with its own client-certificate identity (``system:kube-scheduler``,
+  ``system:kube-controller-manager``: the users RBAC's bootstrap policy already binds), ready by
+  their ``/healthz``; the plane is ready once the ``default`` ServiceAccount of the ``default``
+  namespace exists (the controllers are working).
+* The ServiceAccount admission plugin is on exactly when the controller-manager runs (as in a real
+  cluster); the minimal plane (etcd + apiserver, for fast test tiers) keeps it off like envtest,
+  because nothing would create the ServiceAccounts that pods need.
+* A partial start is rolled back; stop goes in reverse order and removes the temp dir. The CA (with
+  its key) is kept in the plane's PKI directory, so ``harness.identities`` can mint a kubeconfig for
+  any user and groups.
+
+The scheduler and the controller-manager get ``--kube-api-qps=1000`` (as envtest's own client): at
+the default 20 QPS the controller-manager, which creates a ServiceAccount and requests a token for
+each of its ~40 controllers, took 5 s longer to start.
 
 Flags beyond envtest's: ``--endpoint-reconciler-type=none`` (as Kubernetes' own integration tests;
 no Endpoints for the ``kubernetes`` Service, so no advertise-address validation or default-route
@@ -13,11 +29,12 @@ dependency) and ``--advertise-address=127.0.0.1`` so the host needs no default r
 
 from __future__ import annotations
 
+import base64
 import functools
 import shutil
 import ssl
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -26,16 +43,9 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from harness import certs
-from harness.binaries import etcd_path
-from harness.kube_apiserver_build import ensure_kube_apiserver
+from harness.go_binaries import binary_path
 from harness.ports import LOOPBACK, PortReservation, reserve_port
-from harness.process import (
-    DetachedProcess,
-    ManagedProcess,
-    http_health_check,
-    stop_detached,
-    temp_prefix,
-)
+from harness.process import ManagedProcess, http_health_check, temp_prefix
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, Configuration
@@ -45,24 +55,43 @@ DEFAULT_STOP_TIMEOUT: Final = 20.0
 SERVICE_CLUSTER_IP_RANGE: Final = "10.0.0.0/24"
 ADMIN_USER: Final = "admin"
 ADMIN_GROUP: Final = "system:masters"
+
+ETCD: Final = "etcd"
+KUBE_APISERVER: Final = "kube-apiserver"
+KUBE_SCHEDULER: Final = "kube-scheduler"
+KUBE_CONTROLLER_MANAGER: Final = "kube-controller-manager"
+MINIMAL: Final = (ETCD, KUBE_APISERVER)
+"""etcd + kube-apiserver: objects and watches only (envtest's plane), for fast test tiers."""
+FULL: Final = (*MINIMAL, KUBE_SCHEDULER, KUBE_CONTROLLER_MANAGER)
+"""A cluster minus kubelets and the pod network: the scheduler and the controllers run too."""
+
+_IDENTITIES: Final = {
+    KUBE_SCHEDULER: "system:kube-scheduler",
+    KUBE_CONTROLLER_MANAGER: "system:kube-controller-manager",
+}
 _LOG_TAIL_LINES: Final = 30
 _SERVING_DNS_NAMES: Final = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
 _SERVING_IPS: Final = (LOOPBACK, "10.0.0.1")
 
 
 class ControlPlaneStartError(RuntimeError):
-    """The control plane did not come up; the message ends with the tail of both logs."""
+    """The control plane did not come up; the message ends with the tail of every component's log."""
 
 
 @dataclass(frozen=True)
 class ClusterAccess:
-    """How to reach an API server: a kubeconfig, plus the PEM files behind it when we made them."""
+    """How to reach an API server: a kubeconfig, plus the PEM files behind it when we made them.
+
+    ``ca_key_path`` is set for planes the harness started: with it, client certificates for other
+    identities can be minted (``harness.identities``).
+    """
 
     kubeconfig_path: Path
     server_url: str
     ca_cert_path: Path | None = None
     client_cert_path: Path | None = None
     client_key_path: Path | None = None
+    ca_key_path: Path | None = None
 
     @classmethod
     def from_kubeconfig(cls, path: Path) -> ClusterAccess:
@@ -96,7 +125,7 @@ class ClusterAccess:
             return Path(data[key]) if data.get(key) else None
 
         return cls(Path(data["kubeconfig_path"]), str(data["server_url"]), path("ca_cert_path"),
-                   path("client_cert_path"), path("client_key_path"))  # fmt: skip
+                   path("client_cert_path"), path("client_key_path"), path("ca_key_path"))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=8)
@@ -110,36 +139,45 @@ def _kubeconfig_configuration(path: str, mtime_ns: int) -> Configuration:
 
 
 class ControlPlane:
-    """etcd + kube-apiserver (+ our CRDs) for one test run or one ``harness up``."""
+    """etcd + kube-apiserver (+ kube-scheduler + kube-controller-manager) (+ the upstream CRDs)."""
 
     def __init__(
         self,
         *,
+        components: Collection[str] = FULL,
         install_crds: bool = True,
+        crd_release: str | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         crd_timeout: float = 30.0,
-        etcd_binary: Path | None = None,
-        kube_apiserver_binary: Path | None = None,
+        binaries: Mapping[str, Path] | None = None,
         etcd_port: int | None = None,
         extra_apiserver_args: Sequence[str] = (),
     ) -> None:
-        """``etcd_port`` pins etcd's client port instead of reserving a free one (tests use it to
-        provoke a port clash); binaries default to the environment's etcd and the cached/built
-        kube-apiserver."""
+        """``components`` is ``FULL`` (default), ``MINIMAL``, or any set containing both of
+        ``MINIMAL``'s. ``binaries`` overrides the path of a component's binary (default: the
+        environment / cache / build of ``harness.go_binaries``). ``etcd_port`` pins etcd's client
+        port instead of reserving a free one (tests use it to provoke a port clash)."""
+        unknown = set(components) - set(FULL)
+        if unknown or not set(MINIMAL) <= set(components):
+            raise ValueError(f"components must include {MINIMAL} and be among {FULL}, got {components}")
+        self.components = tuple(c for c in FULL if c in components)
         self.install_crds = install_crds
+        self.crd_release = crd_release
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.crd_timeout = crd_timeout
-        self._etcd_binary = etcd_binary
-        self._apiserver_binary = kube_apiserver_binary
+        self._binaries = dict(binaries or {})
         self._etcd_port = etcd_port
         self._extra_apiserver_args = list(extra_apiserver_args)
         self.root: Path | None = None
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
+        self.scheduler: ManagedProcess | None = None
+        self.controller_manager: ManagedProcess | None = None
         self.crds_installed = False
         self._access: ClusterAccess | None = None
+        self._pki: dict[str, Path] = {}
         self._ports: list[PortReservation] = []
 
     # ------------------------------------------------------------------ public surface
@@ -158,18 +196,28 @@ class ControlPlane:
     def server_url(self) -> str:
         return self.access.server_url
 
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """The component processes started so far, in start order."""
+        started = (self.etcd, self.apiserver, self.scheduler, self.controller_manager)
+        return [p for p in started if p is not None]
+
+    @property
+    def runs_controllers(self) -> bool:
+        return KUBE_CONTROLLER_MANAGER in self.components
+
     def api_client(self) -> ApiClient:
         """A new admin ``kubernetes.client.ApiClient`` (the caller closes it)."""
         return self.access.api_client()
 
     def start(self) -> None:
-        """Start etcd, then kube-apiserver, wait until ready, install CRDs; roll back on any failure."""
+        """Start every component in order, wait until ready, install CRDs; roll back on any failure."""
         if self.root is not None:
             raise RuntimeError("control plane already started")
         try:
             self._start()
         except Exception as exc:
-            tails = self._log_tails()
+            tails = self.log_tails()
             self.stop()
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ControlPlaneStartError(f"control plane failed to start: {first_line}\n{tails}") from exc
@@ -178,11 +226,10 @@ class ControlPlane:
             raise
 
     def stop(self) -> None:
-        """Stop kube-apiserver, then etcd; release ports; remove the temp dir. Idempotent."""
+        """Stop the components in reverse order; release ports; remove the temp dir. Idempotent."""
         try:
-            for process in (self.apiserver, self.etcd):
-                if process is not None:
-                    process.stop()
+            for process in reversed(self.processes):
+                process.stop()
         finally:
             for reservation in self._ports:
                 reservation.release()
@@ -192,29 +239,16 @@ class ControlPlane:
             self.root = None
             self._access = None
 
-    def detach(self) -> dict[str, Any]:
-        """Leave the control plane running and return the JSON state ``stop_detached`` needs."""
-        if self.apiserver is None or self.etcd is None or self.root is None:
-            raise RuntimeError("control plane not started")
-        state = {
-            "access": self.access.to_json(),
-            "processes": [self.apiserver.detach().to_json(), self.etcd.detach().to_json()],
-            "root": str(self.root),
-        }
-        for reservation in self._ports:  # the children hold the ports now
-            reservation.release()
-        self._ports.clear()
-        self.root = None
-        return state
-
-    @staticmethod
-    def stop_detached(state: dict[str, Any], timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
-        """Stop a control plane detached by ``detach()`` (in any process), in order, and clean up."""
-        try:
-            for process in state["processes"]:
-                stop_detached(DetachedProcess.from_json(process), timeout)
-        finally:
-            shutil.rmtree(state["root"], ignore_errors=True)
+    def log_tails(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The end of every component's log (also for components that never started), for errors."""
+        named = {ETCD: self.etcd, KUBE_APISERVER: self.apiserver, KUBE_SCHEDULER: self.scheduler,
+                 KUBE_CONTROLLER_MANAGER: self.controller_manager}  # fmt: skip
+        parts = []
+        for name in self.components:
+            process = named[name]
+            tail = process.log_tail(lines) if process is not None else ""
+            parts.append(f"--- {name} log (last {lines} lines) ---\n{tail or '(no output)'}")
+        return "\n".join(parts)
 
     def __enter__(self) -> ControlPlane:
         self.start()
@@ -227,24 +261,53 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ start-up steps
 
+    def _binary(self, component: str) -> Path:
+        return self._binaries.get(component) or binary_path(component)
+
     def _start(self) -> None:
-        etcd_binary = self._etcd_binary or etcd_path()
-        apiserver_binary = self._apiserver_binary or ensure_kube_apiserver().path
+        binaries = {component: self._binary(component) for component in self.components}
         self.root = Path(tempfile.mkdtemp(prefix=temp_prefix("cp")))
-        etcd_url = self._start_etcd(etcd_binary)
-        self._start_apiserver(apiserver_binary, etcd_url)
+        self._pki = _write_pki(self.root / "pki")
+        etcd_url = self._start_etcd(binaries[ETCD])
+        self._start_apiserver(binaries[KUBE_APISERVER], etcd_url)
+        if KUBE_SCHEDULER in self.components:
+            self.scheduler = self._component(KUBE_SCHEDULER, binaries[KUBE_SCHEDULER], [])
+        if KUBE_CONTROLLER_MANAGER in self.components:
+            self.controller_manager = self._component(
+                KUBE_CONTROLLER_MANAGER,
+                binaries[KUBE_CONTROLLER_MANAGER],
+                [
+                    f"--service-account-private-key-file={self._pki['sa.key']}",
+                    f"--root-ca-file={self._pki['ca.crt']}",
+                    "--use-service-account-credentials=true",
+                    f"--cluster-signing-cert-file={self._pki['ca.crt']}",
+                    f"--cluster-signing-key-file={self._pki['ca.key']}",
+                    f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                ],
+            )
+        launched = [p for p in (self.scheduler, self.controller_manager) if p is not None]
+        for process in launched:
+            process.launch()  # side by side, and CRDs meanwhile: each needs only the API server
         if self.install_crds:
-            self._install_crds()
+            from harness import crds
+
+            with self.api_client() as api_client:
+                crds.install_crds(api_client, timeout=self.crd_timeout, release=self.crd_release)
+            self.crds_installed = True
+        for process in launched:
+            process.wait_until_healthy()
+        if self.runs_controllers:
+            self._wait_for_default_service_account()
 
     def _start_etcd(self, binary: Path) -> str:
         assert self.root is not None
         client_port = self._etcd_port if self._etcd_port is not None else self._reserve()
         peer_port = self._reserve()
         client_url = f"http://{LOOPBACK}:{client_port}"
-        directory = self.root / "etcd"
+        directory = self.root / ETCD
         directory.mkdir()
         self.etcd = ManagedProcess(
-            "etcd",
+            ETCD,
             binary,
             [
                 f"--data-dir={directory / 'data'}",
@@ -266,40 +329,43 @@ class ControlPlane:
         assert self.root is not None
         port = self._reserve()
         server_url = f"https://{LOOPBACK}:{port}"
-        directory = self.root / "apiserver"
-        pki = directory / "pki"
-        pki.mkdir(parents=True)
-        files = _write_pki(pki)
+        directory = self.root / KUBE_APISERVER
+        directory.mkdir()
+        pki = self._pki
         kubeconfig = self.root / "kubeconfig"
-        _write_kubeconfig(kubeconfig, server_url, files)
+        admin_cert, admin_key = pki["admin.crt"].read_bytes(), pki["admin.key"].read_bytes()
+        write_kubeconfig(kubeconfig, server_url, pki["ca.crt"].read_bytes(), ADMIN_USER,
+                         client_cert=admin_cert, client_key=admin_key)  # fmt: skip
         self._access = ClusterAccess(
-            kubeconfig, server_url, files["ca"], files["admin.crt"], files["admin.key"]
+            kubeconfig, server_url, pki["ca.crt"], pki["admin.crt"], pki["admin.key"], pki["ca.key"]
         )
+        # Without the controller-manager nobody creates the ServiceAccounts the admission plugin
+        # would require of every pod, so the minimal plane turns it off (as envtest does).
+        admission = [] if self.runs_controllers else ["--disable-admission-plugins=ServiceAccount"]
         args = [
             f"--etcd-servers={etcd_url}",
-            f"--cert-dir={pki}",
-            f"--tls-cert-file={files['apiserver.crt']}",
-            f"--tls-private-key-file={files['apiserver.key']}",
+            f"--cert-dir={directory}",
+            f"--tls-cert-file={pki['apiserver.crt']}",
+            f"--tls-private-key-file={pki['apiserver.key']}",
             f"--secure-port={port}",
             f"--bind-address={LOOPBACK}",
             f"--advertise-address={LOOPBACK}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
-            "--authorization-mode=RBAC",
+            "--authorization-mode=Node,RBAC",
             "--endpoint-reconciler-type=none",
-            "--disable-admission-plugins=ServiceAccount",
-            f"--client-ca-file={files['ca']}",
+            *admission,
+            f"--client-ca-file={pki['ca.crt']}",
             f"--service-account-issuer={server_url}/",
-            f"--service-account-key-file={files['sa.pub']}",
-            f"--service-account-signing-key-file={files['sa.key']}",
+            f"--service-account-key-file={pki['sa.pub']}",
+            f"--service-account-signing-key-file={pki['sa.key']}",
             *self._extra_apiserver_args,
         ]
-        context = ssl.create_default_context(cafile=str(files["ca"]))
-        context.load_cert_chain(files["admin.crt"], files["admin.key"])
+        context = self._admin_ssl_context()
         readyz = http_health_check(f"{server_url}/readyz", context)
         default_namespace = http_health_check(f"{server_url}/api/v1/namespaces/default", context)
         self.apiserver = ManagedProcess(
-            "kube-apiserver",
+            KUBE_APISERVER,
             binary,
             args,
             dir=directory,
@@ -309,39 +375,73 @@ class ControlPlane:
         )
         self.apiserver.start()
 
-    def _install_crds(self) -> None:
-        """Install our CRDs through ``harness.crds`` when that module exists (it is optional)."""
-        try:
-            from harness import crds
-        except ModuleNotFoundError as exc:
-            if exc.name != "harness.crds":
-                raise
-            return
-        with self.api_client() as api_client:
-            crds.install_crds(api_client, timeout=self.crd_timeout)
-        self.crds_installed = True
+    def _component(self, name: str, binary: Path, extra_args: list[str]) -> ManagedProcess:
+        """kube-scheduler or kube-controller-manager: its own identity, loopback only, no leader election."""
+        assert self.root is not None
+        assert self._access is not None
+        directory = self.root / name
+        directory.mkdir()
+        ca = certs.TinyCA.load(self._pki["ca.crt"].read_bytes(), self._pki["ca.key"].read_bytes())
+        identity = ca.issue_client(_IDENTITIES[name])
+        serving = ca.issue_serving(["localhost"], [LOOPBACK], common_name=name)
+        for file, data in (("serving.crt", serving.cert_pem), ("serving.key", serving.key_pem)):
+            _write_private(directory / file, data)
+        kubeconfig = directory / "kubeconfig"
+        write_kubeconfig(kubeconfig, self._access.server_url, ca.cert_pem, _IDENTITIES[name],
+                         client_cert=identity.cert_pem, client_key=identity.key_pem)  # fmt: skip
+        port = self._reserve()
+        context = ssl.create_default_context(cafile=str(self._pki["ca.crt"]))
+        return ManagedProcess(
+            name,
+            binary,
+            [
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={port}",
+                f"--tls-cert-file={directory / 'serving.crt'}",
+                f"--tls-private-key-file={directory / 'serving.key'}",
+                "--leader-elect=false",
+                "--kube-api-qps=1000",
+                "--kube-api-burst=2000",
+                *extra_args,
+            ],
+            dir=directory,
+            health_check=http_health_check(f"https://{LOOPBACK}:{port}/healthz", context),
+            start_timeout=self.start_timeout,
+            stop_timeout=self.stop_timeout,
+        )
+
+    def _wait_for_default_service_account(self) -> None:
+        """The ServiceAccount controller has created ``default/default``: the controllers are at work."""
+        assert self._access is not None
+        url = f"{self._access.server_url}/api/v1/namespaces/default/serviceaccounts/default"
+        check = http_health_check(url, self._admin_ssl_context())
+        assert self.controller_manager is not None  # raced against its exit, like its health check
+        self.controller_manager.wait_for(check, "ready (no default ServiceAccount yet)")
+
+    def _admin_ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self._pki["ca.crt"]))
+        context.load_cert_chain(self._pki["admin.crt"], self._pki["admin.key"])
+        return context
 
     def _reserve(self) -> int:
         reservation = reserve_port()
         self._ports.append(reservation)
         return reservation.port
 
-    def _log_tails(self) -> str:
-        parts = []
-        for name, process in (("etcd", self.etcd), ("kube-apiserver", self.apiserver)):
-            tail = process.log_tail(_LOG_TAIL_LINES) if process is not None else ""
-            parts.append(f"--- {name} log (last {_LOG_TAIL_LINES} lines) ---\n{tail or '(no output)'}")
-        return "\n".join(parts)
-
 
 def _write_pki(directory: Path) -> dict[str, Path]:
-    """CA, serving pair, admin client pair and service-account keys, as files with private modes."""
+    """CA (with its key, for minting identities later), serving pair, admin client pair, SA keys."""
+    directory.mkdir(parents=True)
     ca = certs.TinyCA()
-    serving = ca.issue_serving(_SERVING_DNS_NAMES, _SERVING_IPS, common_name="kube-apiserver")
+    serving = ca.issue_serving(_SERVING_DNS_NAMES, _SERVING_IPS, common_name=KUBE_APISERVER)
     admin = ca.issue_client(ADMIN_USER, [ADMIN_GROUP])
     service_account = certs.service_account_key_pair()
     contents = {
-        "ca": ca.cert_pem,
+        "ca.crt": ca.cert_pem,
+        "ca.key": ca.key_pem,
         "apiserver.crt": serving.cert_pem,
         "apiserver.key": serving.key_pem,
         "admin.crt": admin.cert_pem,
@@ -351,36 +451,48 @@ def _write_pki(directory: Path) -> dict[str, Path]:
     }
     paths = {}
     for name, data in contents.items():
-        path = directory / (name if "." in name else f"{name}.crt")
-        path.write_bytes(data)
-        path.chmod(0o600)
-        paths[name] = path
+        paths[name] = directory / name
+        _write_private(paths[name], data)
     return paths
 
 
-def _write_kubeconfig(path: Path, server_url: str, files: dict[str, Path]) -> None:
-    """A self-contained kubeconfig (certificate data embedded, so it can be copied anywhere)."""
-    import base64
+def _write_private(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    path.chmod(0o600)
 
-    def embed(name: str) -> str:
-        return base64.b64encode(files[name].read_bytes()).decode("ascii")
 
+def write_kubeconfig(
+    path: Path,
+    server_url: str,
+    ca_pem: bytes,
+    user: str,
+    *,
+    client_cert: bytes | None = None,
+    client_key: bytes | None = None,
+    token: str | None = None,
+) -> None:
+    """A self-contained kubeconfig (certificates embedded, so it can be copied anywhere) for one user,
+    authenticated by a client certificate or a bearer token."""
+
+    def embed(data: bytes) -> str:
+        return base64.b64encode(data).decode("ascii")
+
+    credentials: dict[str, str] = {}
+    if client_cert is not None and client_key is not None:
+        credentials = {"client-certificate-data": embed(client_cert), "client-key-data": embed(client_key)}
+    if token is not None:
+        credentials["token"] = token
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
-            {"name": "harness", "cluster": {"server": server_url, "certificate-authority-data": embed("ca")}}
-        ],
-        "users": [
             {
-                "name": ADMIN_USER,
-                "user": {
-                    "client-certificate-data": embed("admin.crt"),
-                    "client-key-data": embed("admin.key"),
-                },
+                "name": "harness",
+                "cluster": {"server": server_url, "certificate-authority-data": embed(ca_pem)},
             }
         ],
-        "contexts": [{"name": "harness", "context": {"cluster": "harness", "user": ADMIN_USER}}],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": "harness", "context": {"cluster": "harness", "user": user}}],
         "current-context": "harness",
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

@@ -1,81 +1,154 @@
-"""Install the project's CRDs (InferencePool, InferenceModel) and wait until they are served.
+"""Install upstream's own InferencePool / InferenceModel CRDs, verbatim, and wait until they are served.
 
-The manifests live beside this module in ``harness/crds/*.yaml``. ``install_crds`` creates each CRD
-or updates it in place, then waits until every one has ``Established=True`` *and* its plural is listed
-by discovery at ``/apis/inference.networking.x-k8s.io/v1alpha2``; discovery is asked afresh on every
-poll (no client-side discovery cache), as controller-runtime's envtest does.
+The manifests are the ones the API module publishes (``sigs.k8s.io/gateway-api-inference-extension``,
+``config/crd/bases/*.yaml``) at a pinned release, fetched once with ``go mod download`` (the
+ordinary Go client and module proxy) and kept in the harness cache byte for byte. Never copies of our
+own: a gate stricter (or looser) than a real cluster hides the bugs users hit.
+
+``install_crds`` creates each CRD or replaces it in place with the manifest as parsed (raw JSON, no
+generated model in between), then waits until every one has ``Established=True`` *and* its plural is
+listed by discovery for each served version; discovery is asked afresh on every poll (no
+client-side cache), as controller-runtime's envtest does.
 """
 
 from __future__ import annotations
 
-import importlib.resources
 import json
+import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Final
 
 import yaml
+from filelock import FileLock
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from harness import gobuild
+from harness.binaries import cache_root
+
+CRD_MODULE: Final = "sigs.k8s.io/gateway-api-inference-extension"
+DEFAULT_CRD_RELEASE: Final = "v0.3.0"
+CRD_RELEASE_ENV: Final = "EPP_HARNESS_CRD_RELEASE"
+_MANIFEST_DIR: Final = "config/crd/bases"
+
+# The kinds the EPP reads, at the API version of the default release.
 CRD_GROUP: Final = "inference.networking.x-k8s.io"
 CRD_VERSION: Final = "v1alpha2"
 CRD_API_VERSION: Final = f"{CRD_GROUP}/{CRD_VERSION}"
-
 POOL_KIND: Final = "InferencePool"
 POOL_PLURAL: Final = "inferencepools"
 MODEL_KIND: Final = "InferenceModel"
 MODEL_PLURAL: Final = "inferencemodels"
 
-CRD_FILES: Final = ("inferencepools.yaml", "inferencemodels.yaml")
-
+FIELD_MANAGER: Final = "epp-harness"
+_CRD_API: Final = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 _POLL_INTERVAL_S: Final = 0.05
 _CONFLICT_RETRIES: Final = 5
 
 
 class CrdInstallError(RuntimeError):
-    """The CRDs could not be installed, or were not served before the deadline."""
+    """The CRDs could not be fetched or installed, or were not served before the deadline."""
 
 
-def load_crd_manifests() -> list[dict[str, Any]]:
-    """The CRD manifests shipped in the package, as API JSON dicts."""
-    folder = importlib.resources.files("harness").joinpath("crds")
+def default_release() -> str:
+    """``$EPP_HARNESS_CRD_RELEASE`` or the pinned default (read at call time, never at import)."""
+    return os.environ.get(CRD_RELEASE_ENV) or DEFAULT_CRD_RELEASE
+
+
+def manifest_paths(release: str | None = None) -> list[Path]:
+    """The upstream CRD files of ``release``, from the harness cache (fetched into it on first use)."""
+    release = release or default_release()
+    directory = cache_root() / "crds" / CRD_MODULE.rsplit("/", 1)[-1] / release
+    if not directory.is_dir():
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(directory.parent / f".{release}.lock")):
+            if not directory.is_dir():
+                _fetch(release, directory)
+    paths = sorted(directory.glob("*.yaml"))
+    if not paths:
+        raise CrdInstallError(f"no CRD manifests in {directory}")
+    return paths
+
+
+def _fetch(release: str, directory: Path) -> None:
+    """Copy ``config/crd/bases/*.yaml`` of the module at ``release`` into ``directory`` (atomically)."""
+    try:
+        info = gobuild.download_module(f"{CRD_MODULE}@{release}")
+    except gobuild.GoBuildError as exc:
+        raise CrdInstallError(f"fetching the CRDs of {CRD_MODULE}@{release}: {exc}") from exc
+    source = Path(info["Dir"]) / _MANIFEST_DIR
+    files = sorted(source.glob("*.yaml"))
+    if not files:
+        raise CrdInstallError(f"{CRD_MODULE}@{release} has no {_MANIFEST_DIR}/*.yaml")
+    partial = Path(tempfile.mkdtemp(prefix=f".{release}-", dir=directory.parent))
+    try:
+        for file in files:
+            shutil.copyfile(file, partial / file.name)  # the module cache is read-only: copy bytes only
+        os.rename(partial, directory)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def load_crd_manifests(release: str | None = None) -> list[dict[str, Any]]:
+    """The upstream CRD manifests of ``release``, parsed."""
     manifests: list[dict[str, Any]] = []
-    for filename in CRD_FILES:
-        document = yaml.safe_load(folder.joinpath(filename).read_text(encoding="utf-8"))
-        if not isinstance(document, dict) or document.get("kind") != "CustomResourceDefinition":
-            raise CrdInstallError(f"{filename} is not a CustomResourceDefinition manifest")
-        manifests.append(document)
+    for path in manifest_paths(release):
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if document is None:
+                continue
+            if not isinstance(document, dict) or document.get("kind") != "CustomResourceDefinition":
+                raise CrdInstallError(f"{path} holds something other than a CustomResourceDefinition")
+            manifests.append(document)
     return manifests
 
 
-def install_crds(api_client: client.ApiClient, timeout: float = 30.0) -> None:
-    """Create or update our CRDs, then wait until each is Established and listed by discovery.
+def install_crds(api_client: client.ApiClient, timeout: float = 30.0, release: str | None = None) -> None:
+    """Create or update the upstream CRDs, then wait until each is Established and listed by discovery.
 
     Raises ``CrdInstallError`` when the server rejects a manifest or the CRDs are not served
     within ``timeout`` seconds (the message names what is still missing).
     """
     deadline = time.monotonic() + timeout
-    manifests = load_crd_manifests()
-    extensions = client.ApiextensionsV1Api(api_client)
+    manifests = load_crd_manifests(release)
+    api = client.CustomObjectsApi(api_client)
     for manifest in manifests:
-        _create_or_update(extensions, manifest)
+        _create_or_update(api, manifest)
     names = [str(m["metadata"]["name"]) for m in manifests]
-    plurals = {str(m["spec"]["names"]["plural"]) for m in manifests}
-    _wait_until_served(api_client, extensions, names, plurals, deadline, timeout)
+    served = {
+        (str(m["spec"]["group"]), str(v["name"]), str(m["spec"]["names"]["plural"]))
+        for m in manifests
+        for v in m["spec"]["versions"]
+        if v.get("served")
+    }
+    _wait_until_served(api, names, served, deadline, timeout)
 
 
-def _create_or_update(extensions: client.ApiextensionsV1Api, manifest: dict[str, Any]) -> None:
+def read_crd(api_client: client.ApiClient, name: str) -> dict[str, Any]:
+    """The CRD ``name`` as the server holds it (API JSON)."""
+    return _read_crd(client.CustomObjectsApi(api_client), name)
+
+
+def _create_or_update(api: client.CustomObjectsApi, manifest: dict[str, Any]) -> None:
     name = str(manifest["metadata"]["name"])
+    group, version, plural = _CRD_API
     for _ in range(_CONFLICT_RETRIES):
         try:
-            current = _read_crd(extensions, name)
+            current = _read_crd(api, name)
         except ApiException as exc:
             if exc.status != 404:
                 raise CrdInstallError(f"reading CRD {name}: {_reason(exc)}") from exc
             try:
                 _json_body(
-                    extensions.create_custom_resource_definition(
-                        body=client.V1CustomResourceDefinition.model_validate(manifest),
+                    api.create_cluster_custom_object(
+                        group,
+                        version,
+                        plural,
+                        body=manifest,
+                        field_manager=FIELD_MANAGER,
                         _preload_content=False,
                     )
                 )  # read the reply: an unread one is logged by the server as an aborted request
@@ -90,9 +163,13 @@ def _create_or_update(extensions: client.ApiextensionsV1Api, manifest: dict[str,
         }
         try:
             _json_body(
-                extensions.replace_custom_resource_definition(
-                    name=name,
-                    body=client.V1CustomResourceDefinition.model_validate(desired),
+                api.replace_cluster_custom_object(
+                    group,
+                    version,
+                    plural,
+                    name,
+                    body=desired,
+                    field_manager=FIELD_MANAGER,
                     _preload_content=False,
                 )
             )
@@ -104,45 +181,43 @@ def _create_or_update(extensions: client.ApiextensionsV1Api, manifest: dict[str,
     raise CrdInstallError(f"updating CRD {name}: still conflicting after {_CONFLICT_RETRIES} attempts")
 
 
-def _read_crd(extensions: client.ApiextensionsV1Api, name: str) -> dict[str, Any]:
-    response = extensions.read_custom_resource_definition(name=name, _preload_content=False)
-    return _json_body(response)
+def _read_crd(api: client.CustomObjectsApi, name: str) -> dict[str, Any]:
+    group, version, plural = _CRD_API
+    return _json_body(api.get_cluster_custom_object(group, version, plural, name, _preload_content=False))
 
 
 def _wait_until_served(
-    api_client: client.ApiClient,
-    extensions: client.ApiextensionsV1Api,
+    api: client.CustomObjectsApi,
     names: list[str],
-    plurals: set[str],
+    served: set[tuple[str, str, str]],
     deadline: float,
     timeout: float,
 ) -> None:
-    custom = client.CustomObjectsApi(api_client)
     pending: dict[str, str] = dict.fromkeys(names, "not read yet")  # CRD name -> its conditions
-    missing_plurals: set[str] = set(plurals)
+    missing = set(served)
     while True:
         for name in list(pending):
-            established, summary = _established(extensions, name)
+            established, summary = _established(api, name)
             if established:
                 del pending[name]
             else:
                 pending[name] = summary
         if not pending:
-            missing_plurals -= _served_plurals(custom)
-            if not missing_plurals:
+            missing -= _served(api, {(g, v) for g, v, _ in missing})
+            if not missing:
                 return
         if time.monotonic() >= deadline:
             raise CrdInstallError(
                 f"CRDs not served after {timeout:g}s: not Established: "
                 f"{ {n: pending[n] for n in sorted(pending)} }; "
-                f"not in discovery at /apis/{CRD_API_VERSION}: {sorted(missing_plurals)}"
+                f"not in discovery: {sorted(f'{g}/{v} {p}' for g, v, p in missing)}"
             )
         time.sleep(_POLL_INTERVAL_S)
 
 
-def _established(extensions: client.ApiextensionsV1Api, name: str) -> tuple[bool, str]:
+def _established(api: client.CustomObjectsApi, name: str) -> tuple[bool, str]:
     """Whether the CRD has Established=True, and its conditions as text (for the timeout error)."""
-    conditions = _read_crd(extensions, name).get("status", {}).get("conditions") or []
+    conditions = _read_crd(api, name).get("status", {}).get("conditions") or []
     established = any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
     summary = ", ".join(
         f"{c.get('type')}={c.get('status')}" + (f" ({c.get('message')})" if c.get("message") else "")
@@ -151,16 +226,23 @@ def _established(extensions: client.ApiextensionsV1Api, name: str) -> tuple[bool
     return established, summary or "no conditions"
 
 
-def _served_plurals(custom: client.CustomObjectsApi) -> set[str]:
-    """Plurals listed by a fresh discovery request for our group/version (empty if not served yet)."""
-    try:
-        response = custom.get_api_resources(group=CRD_GROUP, version=CRD_VERSION, _preload_content=False)
-    except ApiException as exc:
-        if exc.status == 404:
-            return set()
-        raise
-    body = _json_body(response)
-    return {str(r["name"]) for r in body.get("resources") or [] if "/" not in str(r.get("name", ""))}
+def _served(
+    api: client.CustomObjectsApi, group_versions: Iterable[tuple[str, str]]
+) -> set[tuple[str, str, str]]:
+    """(group, version, plural) listed by a fresh discovery request for each group/version."""
+    found: set[tuple[str, str, str]] = set()
+    for group, version in group_versions:
+        try:
+            response = api.get_api_resources(group=group, version=version, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise
+        for resource in _json_body(response).get("resources") or []:
+            name = str(resource.get("name", ""))
+            if "/" not in name:
+                found.add((group, version, name))
+    return found
 
 
 def _json_body(response: Any) -> dict[str, Any]:

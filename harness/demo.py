@@ -1,6 +1,6 @@
 """``harness demo``: the whole system on this machine, a few hundred requests, and what happened.
 
-What runs: a throw-away control plane (etcd + kube-apiserver with our CRDs), the sample pool and
+What runs: a throw-away control plane (scheduler, controllers, upstream CRDs), the sample pool and
 models (``harness.stack.DEMO_MODELS``: a 70/30 weighted split, a LoRA target, a Sheddable model and
 the base model), 4 simulated vLLM pods, the EPP as its own process, and a real Envoy in front. The
 requests go through Envoy with the ``openai`` SDK, in two phases:
@@ -38,8 +38,8 @@ from typing import Any, Final, TextIO
 from harness.binaries import kubectl_path
 from harness.controlplane import ControlPlane, ControlPlaneStartError
 from harness.eventually import eventually
+from harness.go_binaries import ensure_all, missing_binaries
 from harness.guards import child_processes
-from harness.kube_apiserver_build import ensure_kube_apiserver, find_kube_apiserver
 from harness.stack import BASE_MODEL, DEMO_MODELS, ModelSpec, Stack, StackOptions
 from harness.testbed import TestBed
 
@@ -207,15 +207,15 @@ class DemoEnvironment:
         self.stack: Stack | None = None
 
     def start(self) -> None:
-        if find_kube_apiserver() is None:
-            _say("kube-apiserver is not cached yet: building it once (a few minutes; later runs skip this)")
+        if missing_binaries():
+            _say("the control-plane binaries are not cached yet: building them once (later runs skip this)")
         try:
-            binary = ensure_kube_apiserver().path
+            ensure_all()
         except Exception as exc:
-            raise StartError(f"no kube-apiserver: {exc}") from exc
+            raise StartError(f"no control-plane binaries: {exc}") from exc
         began = time.monotonic()
-        _say("starting the control plane (etcd + kube-apiserver + CRDs) ...")
-        self.plane = ControlPlane(kube_apiserver_binary=binary)
+        _say("starting the control plane (etcd, kube-apiserver, scheduler, controller-manager, CRDs) ...")
+        self.plane = ControlPlane()
         try:
             self.plane.start()
         except ControlPlaneStartError as exc:
@@ -253,9 +253,7 @@ class DemoEnvironment:
     def dead_processes(self) -> list[str]:
         dead: list[str] = []
         if self.plane is not None:
-            dead += [
-                p.name for p in (self.plane.etcd, self.plane.apiserver) if p is not None and not p.running
-            ]
+            dead += [p.name for p in self.plane.processes if not p.running]
         if self.stack is not None and self.stack.envoy is not None and not self.stack.envoy.running:
             dead.append("envoy")
         if self.stack is not None and self.stack.epp is not None and not self.stack.epp.running:
@@ -265,9 +263,8 @@ class DemoEnvironment:
     def log_tails(self) -> str:
         parts = []
         if self.plane is not None:
-            for process in (self.plane.etcd, self.plane.apiserver):
-                if process is not None:
-                    parts.append(f"--- {process.name} log ---\n{process.log_tail()}")
+            for process in self.plane.processes:
+                parts.append(f"--- {process.name} log ---\n{process.log_tail()}")
         if self.stack is not None:
             if self.stack.epp is not None:
                 parts.append(f"--- epp log ---\n{self.stack.epp.log_tail()}")

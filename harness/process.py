@@ -11,8 +11,9 @@ Why this shape (STYLE habit 12):
   leader is not reaped until the group has been swept, so its pid (the group id) cannot be reused by
   an unrelated process while we still signal it.
 * Output goes to ``<dir>/<name>.log`` (never to a pipe nobody drains); ``log_tail()`` feeds errors.
-* A process can be **detached** (left running for another process to stop, as the pytest plugin does
-  when an xdist worker starts the shared control plane) and later stopped by ``stop_detached()``.
+* Whoever starts a process stops and reaps it: there is no way to hand a running child to another
+  process (an exiting parent would leave Python's "subprocess ... is still running" warning and an
+  unreaped child behind), so a control plane shared by xdist workers is started by the controller.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ import tempfile
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Final
+from typing import IO, Final
 
 TEMP_DIR_PREFIX: Final = "epp-harness-"
 """Prefix of every temp dir the harness creates in ``tempfile.gettempdir()`` (the leak guard checks it)."""
@@ -90,23 +90,6 @@ def http_health_check(
     return check
 
 
-@dataclass(frozen=True)
-class DetachedProcess:
-    """What another process needs to stop a detached ManagedProcess (JSON-serialisable via ``asdict``)."""
-
-    name: str
-    pid: int
-    start_ticks: int  # /proc/<pid>/stat start time: guards against signalling a reused pid
-    dir: str | None  # removed by stop_detached when set
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> DetachedProcess:
-        return cls(str(data["name"]), int(data["pid"]), int(data["start_ticks"]), data.get("dir"))
-
-
 class ManagedProcess:
     """A binary with args, a working dir, a health check, and start/stop timeouts."""
 
@@ -144,6 +127,11 @@ class ManagedProcess:
 
     def start(self) -> None:
         """Spawn the process and wait until healthy; on failure stop it and raise ``ProcessStartError``."""
+        self.launch()
+        self.wait_until_healthy()
+
+    def launch(self) -> None:
+        """Spawn the process without waiting (``wait_until_healthy`` next), so siblings can start together."""
         if self._proc is not None:
             raise RuntimeError(f"{self.name} already started")
         if self._given_dir is None:
@@ -165,6 +153,11 @@ class ManagedProcess:
             self.stop()
             raise ProcessStartError(f"{self.name}: cannot execute {self.binary}: {exc}", "") from exc
         _register(self)
+
+    def wait_until_healthy(self) -> None:
+        """Race the health check against early exit and the start timeout; stop the process on failure."""
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} is not launched")
         try:
             self._wait_healthy()
         except BaseException:
@@ -172,30 +165,43 @@ class ManagedProcess:
             raise
 
     def _wait_healthy(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.start_timeout
+        if self._health is None:
+            self._check_alive("start")
+            return
+        self.wait_for(self._health, "healthy")
+
+    def wait_for(self, check: HealthCheck, what: str, timeout: float | None = None) -> None:
+        """Poll ``check`` until it is true; fail at once (with the log tail) if this process exits
+        first, or after ``timeout`` (default ``start_timeout``). Exceptions from ``check`` count as
+        "not yet" (not listening yet, TLS not ready ...)."""
+        limit = self.start_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         last_error: BaseException | None = None
         while True:
-            status = _exit_status(self._proc.pid)
-            if status is not None:
-                raise ProcessStartError(
-                    f"{self.name} exited during start ({status}): {self.binary} {' '.join(self.args)}",
-                    self.log_tail(),
-                )
-            if self._health is None:
-                return
+            self._check_alive(f"waiting until {what}")
             try:
-                if self._health():
+                if check():
                     return
                 last_error = None
-            except Exception as exc:  # not listening yet, TLS not ready, ...: keep polling
+            except Exception as exc:
                 last_error = exc
             if time.monotonic() >= deadline:
                 why = f" (last check: {last_error!r})" if last_error else ""
                 raise ProcessStartError(
-                    f"{self.name} not healthy after {self.start_timeout:g}s{why}", self.log_tail()
+                    f"{self.name} not {what} after {limit:g}s{why}",
+                    self.log_tail(),
                 )
             time.sleep(_POLL_INTERVAL)
+
+    def _check_alive(self, during: str) -> None:
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} is not running")
+        status = _exit_status(self._proc.pid)
+        if status is not None:
+            raise ProcessStartError(
+                f"{self.name} exited during start ({status}): {self.binary} {' '.join(self.args)}",
+                self.log_tail(),
+            )
 
     def stop(self) -> None:
         """SIGTERM the group, SIGKILL after ``stop_timeout``, reap, close the log, remove an owned dir.
@@ -215,24 +221,6 @@ class ManagedProcess:
             if self._owns_dir and self.dir is not None:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self._owns_dir = False
-
-    def detach(self) -> DetachedProcess:
-        """Leave the process running for someone else to stop with ``stop_detached``.
-
-        The ``Popen`` object is parked for the rest of this interpreter's life, so its finaliser never
-        warns about a still-running child.
-        """
-        if self._proc is None:
-            raise RuntimeError(f"{self.name} is not running")
-        proc, self._proc = self._proc, None
-        _unregister(self)
-        _PARKED.append(proc)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        owned = str(self.dir) if self._owns_dir and self.dir is not None else None
-        self._owns_dir = False
-        return DetachedProcess(self.name, proc.pid, _start_ticks(proc.pid) or 0, owned)
 
     # ------------------------------------------------------------------ introspection
 
@@ -274,24 +262,13 @@ class ManagedProcess:
         return f"ManagedProcess({self.name!r}, pid={self.pid}, dir={self.dir})"
 
 
-def stop_detached(process: DetachedProcess, timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
-    """Stop a process detached by (possibly) another interpreter, then remove its dir."""
-    try:
-        if _start_ticks(process.pid) == process.start_ticks:  # still the same process
-            _terminate_group(process.pid, timeout, lambda: _foreign_exited(process.pid, process.start_ticks))
-    finally:
-        if process.dir:
-            shutil.rmtree(process.dir, ignore_errors=True)
-
-
-def sweep_orphans(protected: Collection[str] = (), root: str | None = None) -> list[str]:
+def sweep_orphans(root: str | None = None) -> list[str]:
     """Clean up after harness processes that died without cleaning up (SIGKILL, a CI timeout).
 
     A temp dir named by ``temp_prefix`` whose owner pid is gone is an orphan: any process still
     running with the dir on its command line (an etcd whose harness was killed) is SIGKILLed with its
-    group, then the dir is removed. ``protected`` dirs are left alone even if their owner is gone (a
-    control plane detached by an exited xdist worker and still used by its run). A reused owner pid
-    only makes the sweep skip a dir, never remove a live one. Returns the removed dirs.
+    group, then the dir is removed. A reused owner pid only makes the sweep skip a dir, never remove a
+    live one. Returns the removed dirs.
     ``root`` defaults to ``tempfile.gettempdir()``.
     """
     root = root if root is not None else tempfile.gettempdir()
@@ -304,7 +281,7 @@ def sweep_orphans(protected: Collection[str] = (), root: str | None = None) -> l
     for name in names:
         match = pattern.match(name)
         path = os.path.join(root, name)
-        if match is None or path in protected or _pid_exists(int(match.group(1))):
+        if match is None or _pid_exists(int(match.group(1))):
             continue
         for pid in _processes_mentioning(path):
             _killpg(pid, signal.SIGKILL)
@@ -374,31 +351,9 @@ def _exit_status(pid: int) -> str | None:
     return f"killed by signal {result.si_status}"
 
 
-def _foreign_exited(pid: int, start_ticks: int) -> bool:
-    """Whether a process that may not be our child is gone (or a zombie, or its pid reused)."""
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG) != (0, 0):
-            return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[0] == "Z" or int(fields[19]) != start_ticks
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 # ---------------------------------------------------------------------- last-resort cleanup
 
 _LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
-_PARKED: list[subprocess.Popen[bytes]] = []
 _atexit_registered = False
 
 

@@ -23,6 +23,7 @@ from kubernetes import client
 
 from harness.controlplane import ClusterAccess, ControlPlane
 from harness.extproc_client import ExtProcResult
+from harness.namespaces import create_namespace
 from harness.scenario import ACTIONS, Scenario, ScenarioError, Step, check_expectations, load
 from harness.testbed import TestBed
 
@@ -50,7 +51,7 @@ def _cluster(kubeconfig: Path | None) -> Iterator[ClusterAccess]:
     if kubeconfig is not None:
         yield ClusterAccess.from_kubeconfig(kubeconfig)
         return
-    print("starting etcd + kube-apiserver ...", flush=True)
+    print("starting the control plane ...", flush=True)
     with ControlPlane() as plane:
         yield plane.access
 
@@ -61,9 +62,7 @@ def replay(
     namespace = f"replay-{uuid.uuid4().hex[:8]}"
     api = access.api_client()
     try:
-        client.CoreV1Api(api).create_namespace(
-            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
-        )
+        create_namespace(api, namespace)
         with TestBed(api, namespace, access.kubeconfig_path) as bed:
             bed.start_epp()
             print(f"scenario: {scenario.name}  (namespace {namespace})", file=out)

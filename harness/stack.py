@@ -17,6 +17,7 @@ from harness.controlplane import ClusterAccess
 from harness.envoy import Envoy, EnvoyOptions
 from harness.epp_process import EppProcess
 from harness.eventually import eventually
+from harness.namespaces import create_namespace
 from harness.sim import SimConfig
 from harness.testbed import TestBed
 
@@ -163,9 +164,4 @@ class Stack:
 
 
 def _ensure_namespace(api: client.ApiClient, namespace: str) -> None:
-    core = client.CoreV1Api(api)
-    try:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
+    create_namespace(api, namespace, exist_ok=True)

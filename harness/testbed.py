@@ -35,6 +35,7 @@ from harness.eventually import eventually
 from harness.extproc_client import ExtProcResult, request_headers
 from harness.kube import Kube, response_json
 from harness.kubelet import Kubelet
+from harness.namespaces import TEST_LABEL, create_namespace
 from harness.oracle import Verdict, compare, expected_state, observed_state
 from harness.settle import SettleBarrier
 from harness.sim import ModelServerSim, SimConfig, SimThread
@@ -375,11 +376,7 @@ class TestBed:
     def create_namespace(self, suffix: str) -> str:
         """Another namespace named after this one; deleted (without waiting) at close."""
         name = f"{self.namespace}-{suffix}"
-        core = client.CoreV1Api(self.kube.api_client)
-        body = client.V1Namespace.model_validate(
-            {"metadata": {"name": name, "labels": {"epp-harness/test": "true"}}}
-        )
-        core.create_namespace(body, _preload_content=False)
+        create_namespace(self.kube.api_client, name, TEST_LABEL)
         self._namespaces.append(name)
         return name
 

@@ -1,4 +1,4 @@
-"""The control plane through its real API server: version, fixtures, and failed starts with log tails."""
+"""The control plane through its real API server: versions, fixtures, and failed starts with log tails."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 
 from harness import guards
-from harness.controlplane import ClusterAccess, ControlPlane, ControlPlaneStartError
-from harness.kube_apiserver_build import KUBERNETES_VERSION
+from harness.controlplane import MINIMAL, ClusterAccess, ControlPlane, ControlPlaneStartError
+from harness.go_binaries import KUBERNETES_VERSION
 from harness.kubectl import kubectl
 
 pytestmark = pytest.mark.integration
@@ -23,24 +23,17 @@ def test_kubectl_sees_the_pinned_release(control_plane: ClusterAccess) -> None:
     assert version["serverVersion"]["gitVersion"] == f"v{KUBERNETES_VERSION}"
 
 
-def test_namespace_fixture_gives_a_fresh_labelled_namespace(kube_api: ApiClient, namespace: str) -> None:
-    found = client.CoreV1Api(kube_api).read_namespace(namespace)
+def test_namespace_fixture_gives_a_fresh_labelled_namespace_ready_for_pods(
+    kube_api: ApiClient, namespace: str
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    found = core.read_namespace(namespace)
     assert found.status is not None
     assert found.status.phase == "Active"
     assert found.metadata is not None
     assert (found.metadata.labels or {}).get("epp-harness/test") == "true"
-
-
-def test_admin_is_cluster_admin_under_rbac(kube_api: ApiClient) -> None:
-    review = client.AuthorizationV1Api(kube_api).create_self_subject_access_review(
-        client.V1SelfSubjectAccessReview(
-            spec=client.V1SelfSubjectAccessReviewSpec(
-                resource_attributes=client.V1ResourceAttributes(verb="*", resource="*", group="*")
-            )
-        )
-    )
-    assert review.status is not None
-    assert review.status.allowed
+    # The ServiceAccount controller made it before the fixture returned: admission admits pods at once.
+    assert core.read_namespaced_service_account("default", namespace).metadata is not None
 
 
 def test_occupied_etcd_port_fails_fast_with_both_log_tails() -> None:
@@ -49,7 +42,7 @@ def test_occupied_etcd_port_fails_fast_with_both_log_tails() -> None:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        plane = ControlPlane(etcd_port=port, install_crds=False, start_timeout=60)
+        plane = ControlPlane(components=MINIMAL, etcd_port=port, install_crds=False, start_timeout=60)
         with pytest.raises(ControlPlaneStartError) as info:
             plane.start()
     message = str(info.value)
@@ -66,13 +59,31 @@ def test_broken_apiserver_binary_fails_fast_and_rolls_back_etcd(tmp_path: Path) 
     broken.write_text("#!/bin/sh\necho 'kube-apiserver: simulated broken binary' >&2\nexit 1\n")
     broken.chmod(0o755)
     temp_dirs_before = guards.harness_temp_dirs()
-    plane = ControlPlane(kube_apiserver_binary=broken, install_crds=False, start_timeout=60)
+    plane = ControlPlane(binaries={"kube-apiserver": broken}, install_crds=False, start_timeout=60)
     with pytest.raises(ControlPlaneStartError) as info:
         plane.start()
     message = str(info.value)
     assert "kube-apiserver exited during start (exit code 1)" in message
     assert "simulated broken binary" in message
     assert "--- etcd log" in message
+    assert "--- kube-controller-manager log" in message  # every component of the plane is reported
     assert plane.etcd is not None
     assert not plane.etcd.running  # rolled back
+    assert plane.scheduler is None  # never launched: it needs the API server
+    assert guards.harness_temp_dirs() == temp_dirs_before
+
+
+def test_a_broken_controller_manager_fails_fast_and_rolls_back_the_rest(tmp_path: Path) -> None:
+    broken = tmp_path / "kube-controller-manager"
+    broken.write_text("#!/bin/sh\necho 'controller-manager: simulated broken binary' >&2\nexit 2\n")
+    broken.chmod(0o755)
+    temp_dirs_before = guards.harness_temp_dirs()
+    plane = ControlPlane(binaries={"kube-controller-manager": broken}, install_crds=False)
+    with pytest.raises(ControlPlaneStartError) as info:
+        plane.start()
+    message = str(info.value)
+    assert "kube-controller-manager exited during start (exit code 2)" in message
+    assert "simulated broken binary" in message
+    assert all(not p.running for p in plane.processes)
+    assert [p.name for p in plane.processes] == list(plane.components)
     assert guards.harness_temp_dirs() == temp_dirs_before

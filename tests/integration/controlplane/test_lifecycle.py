@@ -20,7 +20,7 @@ import pytest
 from harness import guards
 from harness.binaries import CACHE_ENV, cache_root, kubectl_path
 from harness.controlplane import ClusterAccess
-from harness.kube_apiserver_build import KUBERNETES_VERSION
+from harness.go_binaries import KUBERNETES_VERSION
 
 pytestmark = pytest.mark.integration
 
@@ -101,12 +101,13 @@ def test_harness_up_prints_a_working_kubectl_line_and_stops_on_sigint() -> None:
         )
         assert json.loads(version.stdout)["serverVersion"]["gitVersion"] == f"v{KUBERNETES_VERSION}"
 
-        children = [c.pid for c in guards.child_processes(process.pid)]
-        assert len(children) == 2  # etcd and kube-apiserver
+        children = guards.child_processes(process.pid)
+        names = sorted(Path(c.command.split()[0]).name for c in children)
+        assert names == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
 
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0, "\n".join(reader.seen)
-        _assert_gone(children)
+        _assert_gone([c.pid for c in children])
         assert not kubeconfig.exists()
     finally:
         if process.poll() is None:
@@ -120,9 +121,24 @@ import json, os
 from pathlib import Path
 import pytest
 
+def plane_parents(kubeconfig):
+    # {binary name: parent pid} of the processes running in the plane's directory
+    root = str(Path(kubeconfig).parent).encode()
+    parents = {}
+    for entry in os.scandir("/proc"):
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\\0")
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        if any(root in arg for arg in argv[1:]):
+            parents[Path(argv[0].decode()).name] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
 @pytest.mark.parametrize("n", range(6))
 def test_uses_the_shared_plane(control_plane, namespace, n):
     record = {
+        "plane_parents": plane_parents(control_plane.kubeconfig_path),
         "worker": os.environ.get("PYTEST_XDIST_WORKER"),
         "pid": os.getpid(),
         "ppid": os.getppid(),
@@ -148,12 +164,22 @@ def test_xdist_run_shares_one_control_plane_and_leaves_nothing(
     pytester.makepyfile(test_inner=INNER_TESTS)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", timeout=300)
     result.assert_outcomes(passed=6)
+    output = result.stdout.str() + result.stderr.str()
+    assert "ResourceWarning" not in output, output
 
     records = [json.loads(p.read_text()) for p in sorted(pytester.path.glob("record-*.json"))]
     assert len(records) == 6
     assert {r["worker"] for r in records} == {"gw0", "gw1"}
     assert len({r["server"] for r in records}) == 1  # one control plane for both workers
     assert len({r["namespace"] for r in records}) == 6  # a fresh namespace per test
+    # The plane's processes are children of the xdist controller, which stops and reaps them: never
+    # of a worker, which would exit with them still running (and Python would warn at its exit:
+    # "ResourceWarning: subprocess N is still running").
+    (controller,) = {r["ppid"] for r in records}
+    for record in records:
+        assert record["plane_parents"] == dict.fromkeys(
+            ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"], controller
+        )
 
     plane_dir = str(Path(records[0]["kubeconfig"]).parent)
     assert not os.path.exists(plane_dir)

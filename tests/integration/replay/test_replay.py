@@ -103,4 +103,4 @@ def test_malformed_scenario_is_rejected_before_anything_starts(
 def test_replay_starts_its_own_control_plane_when_given_no_cluster() -> None:
     run = replay(EXAMPLES[0])
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "starting etcd + kube-apiserver" in run.stdout
+    assert "starting the control plane" in run.stdout

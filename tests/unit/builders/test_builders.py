@@ -9,7 +9,14 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from epp.api.types import Criticality, InferenceModel, InferencePool, NamespacedName, PodObject, TargetModel
-from harness.builders import HOLD_FINALIZER, ModelBuilder, PodBuilder, PoolBuilder, rfc3339
+from harness.builders import (
+    HOLD_FINALIZER,
+    STAND_IN_SCHEDULER,
+    ModelBuilder,
+    PodBuilder,
+    PoolBuilder,
+    rfc3339,
+)
 
 T0 = datetime(2025, 3, 13, 12, 0, 5, 999_000, tzinfo=UTC)
 
@@ -21,7 +28,7 @@ def test_pod_without_status_is_a_minimal_valid_pod() -> None:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "p1", "namespace": "default"},
-        "spec": {"containers": [{"name": "sim", "image": "sim"}]},
+        "spec": {"schedulerName": STAND_IN_SCHEDULER, "containers": [{"name": "sim", "image": "sim"}]},
     }
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from harness import guards
 from harness.eventually import eventually
-from harness.process import ManagedProcess, ProcessStartError, stop_detached, sweep_orphans
+from harness.process import ManagedProcess, ProcessStartError, sweep_orphans
 
 IGNORE_SIGTERM = """
 import signal, time
@@ -110,17 +110,6 @@ def test_stop_takes_the_whole_process_group() -> None:
         eventually(functools.partial(_gone, child.pid))
 
 
-def test_detached_process_is_stopped_by_stop_detached() -> None:
-    process = ManagedProcess("detached", "/bin/sleep", ["300"])
-    process.start()
-    handle = process.detach()
-    assert handle.dir is not None
-    assert Path(handle.dir).is_dir()
-    stop_detached(handle, timeout=5)
-    _gone(handle.pid)
-    assert not Path(handle.dir).exists()
-
-
 def test_log_captures_output(tmp_path: Path) -> None:
     process = ManagedProcess("echo", "/bin/sh", ["-c", "echo line-1; echo line-2; sleep 300"], dir=tmp_path)
     with process:
@@ -142,9 +131,8 @@ def _assert_children(pid: int, count: int) -> list[guards.ChildProcess]:
 def test_sweep_orphans_stops_what_a_dead_owner_left(tmp_path: Path) -> None:
     dead_pid = _exited_pid()
     orphan = tmp_path / f"epp-harness-{dead_pid}-cp-x"
-    protected = tmp_path / f"epp-harness-{dead_pid}-cp-y"
     mine = tmp_path / f"epp-harness-{os.getpid()}-cp-z"
-    for directory in (orphan, protected, mine):
+    for directory in (orphan, mine):
         directory.mkdir()
     straggler = subprocess.Popen(  # like an etcd whose harness was SIGKILLed: the dir is in its argv
         [sys.executable, "-c", "import time; time.sleep(300)", f"--data-dir={orphan}/etcd"],
@@ -152,10 +140,9 @@ def test_sweep_orphans_stops_what_a_dead_owner_left(tmp_path: Path) -> None:
     )
     try:
         eventually(functools.partial(_assert_argv_mentions, straggler.pid, str(orphan)))  # exec settles
-        removed = sweep_orphans(protected=[str(protected)], root=str(tmp_path))
+        removed = sweep_orphans(root=str(tmp_path))
         assert removed == [str(orphan)]
         assert straggler.wait(timeout=10) == -9
-        assert protected.is_dir()
         assert mine.is_dir()
     finally:
         straggler.kill()

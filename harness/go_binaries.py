@@ -1,0 +1,197 @@
+"""The pinned Go-built binaries of the harness, declared for ``harness.gobuild``; ``harness build`` entry.
+
+Kubernetes: kube-apiserver, kube-scheduler and kube-controller-manager from one ``k8s.io/kubernetes``
+release, in one wrapper module and one ``go build`` (they share most packages, so building the
+second and third costs little more than linking). ``go install k8s.io/kubernetes/cmd/...@vX``
+cannot work: k/k requires its staging modules at ``v0.0.0`` and maps them to ``./staging/...`` with
+``replace`` lines that only apply inside k/k itself. Each staging module is also published as
+``v0.Y.Z`` for ``v1.Y.Z``, so the wrapper replaces every one of them; the list is derived from k/k's
+own go.mod (fetched through the ordinary ``go`` client), never typed by hand, because it changes
+between releases (1.36 added two). The build mirrors the official one (static, trimpath,
+``selinux,notest,grpcnotrace`` tags, ``-s -w``) and stamps the version variables so ``/version``
+reports the pinned release instead of ``v0.0.0-master``.
+
+etcd: the 3.6 release that Kubernetes 1.36 is tested with (controller-tools' envtest matrix pairs
+1.36 with etcd 3.6.8), built from ``go.etcd.io/etcd/server/v3`` (whose ``main`` calls
+``etcdmain.Main``) in its own wrapper module, never in the Kubernetes one. etcd >= 3.5.13 is what
+lets kube-apiserver turn on RequestWatchProgress and consistent reads from the watch cache.
+
+Adding a binary (helm, the upstream EPP) is one ``GoBuild`` declaration here plus its entry in
+``BUILDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final, TextIO
+
+from harness import gobuild
+from harness.binaries import BinaryNotFoundError
+from harness.gobuild import BuildContext, GoBinary, GoBuild, Resolved
+
+KUBERNETES_VERSION: Final = "1.36.3"
+ETCD_VERSION: Final = "3.6.8"
+
+KUBERNETES_BUILD_TAGS: Final = "selinux,notest,grpcnotrace"
+_VERSION_PACKAGES: Final = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+_STAGING_RE: Final = re.compile(
+    r"^\s*(?:replace\s+)?(k8s\.io/[\w.-]+)\s+=>\s+\./staging/src/(k8s\.io/[\w.-]+)\s*$", re.MULTILINE
+)
+
+
+# --------------------------------------------------------------------------- Kubernetes specifics
+
+
+def staging_modules(kubernetes_go_mod: str) -> list[str]:
+    """The staging modules k/k maps to ``./staging/src/<module>``, in go.mod order."""
+    return [m.group(1) for m in _STAGING_RE.finditer(kubernetes_go_mod) if m.group(1) == m.group(2)]
+
+
+def godebug_lines(go_mod: str) -> list[str]:
+    """The ``godebug`` directives (single lines and blocks) verbatim, for runtime parity with upstream."""
+    lines: list[str] = []
+    in_block = False
+    for line in go_mod.splitlines():
+        stripped = line.strip()
+        if in_block:
+            lines.append(line)
+            in_block = stripped != ")"
+        elif re.match(r"^godebug\s*\($", stripped):
+            lines.append(line)
+            in_block = True
+        elif stripped.startswith("godebug ") and line.startswith("godebug"):
+            lines.append(line)
+    return lines
+
+
+def kubernetes_go_mod_extra(context: BuildContext) -> list[str]:
+    """k/k's godebug lines and one staging replace per module (``k8s.io/api => k8s.io/api v0.36.3``)."""
+    modules = staging_modules(context.upstream_go_mod)
+    if not modules:
+        raise gobuild.GoBuildError(
+            "found no './staging/src/k8s.io/...' replace lines in k8s.io/kubernetes go.mod"
+        )
+    staging_version = "v0." + context.version.split(".", 1)[1]
+    debug = godebug_lines(context.upstream_go_mod)
+    return [*debug, *([""] if debug else []), "replace (",
+            *(f"\t{m} => {m} {staging_version}" for m in modules), ")"]  # fmt: skip
+
+
+def kubernetes_ldflags(context: BuildContext) -> str:
+    """``-ldflags`` as upstream's ``kube::version::ldflags`` sets them, for both version packages."""
+    major, minor = context.version.split(".")[:2]
+    values = {
+        "gitVersion": f"v{context.version}",
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "buildDate": context.build_date.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if context.commit:
+        values["gitCommit"] = context.commit
+    flags = ["-s", "-w"]
+    for package in _VERSION_PACKAGES:
+        flags += [f"-X {package}.{name}={value}" for name, value in values.items()]
+    return " ".join(flags)
+
+
+def etcd_ldflags(context: BuildContext) -> str:
+    """As etcd's ``build.sh``: stamp the commit when the proxy told us which one the tag is."""
+    flags = "-s -w"
+    if context.commit:
+        flags += f" -X go.etcd.io/etcd/api/v3/version.GitSHA={context.commit[:7]}"
+    return flags
+
+
+def _kubernetes_binary(name: str) -> GoBinary:
+    return GoBinary(
+        name, f"k8s.io/kubernetes/cmd/{name}", ("--version",), f"Kubernetes v{KUBERNETES_VERSION}"
+    )
+
+
+# --------------------------------------------------------------------------- declarations
+
+KUBE_APISERVER: Final = _kubernetes_binary("kube-apiserver")
+KUBE_SCHEDULER: Final = _kubernetes_binary("kube-scheduler")
+KUBE_CONTROLLER_MANAGER: Final = _kubernetes_binary("kube-controller-manager")
+
+KUBERNETES: Final = GoBuild(
+    name="kubernetes",
+    module="k8s.io/kubernetes",
+    version=KUBERNETES_VERSION,
+    binaries=(KUBE_APISERVER, KUBE_SCHEDULER, KUBE_CONTROLLER_MANAGER),
+    ldflags=kubernetes_ldflags,
+    tags=KUBERNETES_BUILD_TAGS,
+    go_mod_extra=kubernetes_go_mod_extra,
+)
+
+ETCD: Final = GoBuild(
+    name="etcd",
+    module="go.etcd.io/etcd/server/v3",
+    version=ETCD_VERSION,
+    binaries=(
+        GoBinary("etcd", "go.etcd.io/etcd/server/v3", ("--version",), f"etcd Version: {ETCD_VERSION}"),
+    ),
+    ldflags=etcd_ldflags,
+)
+
+BUILDS: Final = (ETCD, KUBERNETES)
+"""Everything ``harness build`` ensures, in this order."""
+
+
+def _build_of(name: str) -> GoBuild:
+    for build in BUILDS:
+        if any(binary.name == name for binary in build.binaries):
+            return build
+    raise KeyError(f"no pinned Go binary named {name!r}")
+
+
+def binary_path(name: str, progress: TextIO | None = None) -> Path:
+    """The path of pinned binary ``name`` (building its whole group into the cache if needed)."""
+    return gobuild.ensure(_build_of(name), progress)[name].path
+
+
+def missing_binaries() -> list[str]:
+    """Binaries that would have to be built (none found in the environment or the cache)."""
+    return [b.name for build in BUILDS for b in build.binaries if gobuild.find(build, b) is None]
+
+
+def ensure_all(progress: TextIO | None = None) -> dict[str, Resolved]:
+    """Every pinned binary, built where needed, in ``BUILDS`` order."""
+    results: dict[str, Resolved] = {}
+    for build in BUILDS:
+        results.update(gobuild.ensure(build, progress))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``harness build``: ensure every pinned binary; one line per binary with its path and origin."""
+    parser = argparse.ArgumentParser(prog="harness build", description=main.__doc__)
+    parser.parse_args(argv)
+    try:
+        results = ensure_all(sys.stderr)
+    except (gobuild.GoBuildError, gobuild.BinaryVersionError, BinaryNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    builds: dict[float, list[str]] = {}
+    for build in BUILDS:
+        for binary in build.binaries:
+            result = results[binary.name]
+            print(f"{binary.name:<24} v{build.version:<8} {result.source:<6} {result.path}")
+            if result.build_seconds is not None:
+                builds.setdefault(result.build_seconds, []).append(binary.name)
+    if not builds:
+        print("no build needed")
+    for seconds, names in builds.items():
+        rss = results[names[0]].peak_rss_mib or 0
+        print(f"built {', '.join(names)} in {seconds:.1f} s (peak RSS of the largest process {rss:.0f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
