@@ -46,7 +46,7 @@ class Datastore(Protocol):
 
     # --- models -----------------------------------------------------------------------------
     def model_set_if_older(self, model: InferenceModel) -> bool:
-        """Store unless another object already owns the modelName with a strictly older timestamp."""
+        """Store unless another object owns the modelName and comes first in `claim_order`."""
         ...
 
     def model_get(self, model_name: str) -> InferenceModel | None: ...

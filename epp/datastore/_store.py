@@ -29,7 +29,7 @@ class _Store:
         # readers. It is never held while calling out (listener, logging of other objects).
         self._lock = threading.Lock()
         self._pool: InferencePool | None = None
-        # modelName -> the object that currently owns it (oldest creationTimestamp wins).
+        # modelName -> the object that currently owns it (smallest `claim_order` wins).
         self._models: dict[str, InferenceModel] = {}
         self._pods: dict[NamespacedName, PodMetrics] = {}
         self._listener = listener
@@ -69,8 +69,12 @@ class _Store:
             for name in [n for n, m in self._models.items() if m.key == model.key and n != model.model_name]:
                 del self._models[name]
             existing = self._models.get(model.model_name)
-            if existing is not None and existing.key != model.key and existing.created <= model.created:
-                # Another object owns the name and is older, or equally old: the first owner keeps it.
+            if (
+                existing is not None
+                and existing.key != model.key
+                and existing.claim_order < model.claim_order
+            ):
+                # Another object owns the name and comes first in the one ownership order.
                 return False
             self._models[model.model_name] = model
             return True

@@ -195,9 +195,8 @@ def test_store_without_listener(store: Datastore) -> None:
         ),
         pytest.param(model("old", "llama", 0), model("new", "llama", 10), "old", id="newer-rejected"),
         pytest.param(model("new", "llama", 10), model("old", "llama", 0), "old", id="strictly-older-wins"),
-        pytest.param(
-            model("first", "llama", 5), model("second", "llama", 5), "first", id="tie-keeps-existing"
-        ),
+        pytest.param(model("a", "llama", 5), model("b", "llama", 5), "a", id="tie-first-name-keeps-it"),
+        pytest.param(model("b", "llama", 5), model("a", "llama", 5), "a", id="tie-first-name-takes-over"),
     ],
 )
 def test_model_set_if_older(
