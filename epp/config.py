@@ -30,9 +30,13 @@ DEFAULT_QUEUE_THRESHOLD_CRITICAL = 5
 DEFAULT_QUEUEING_THRESHOLD_LORA = 128
 DEFAULT_LORA_AFFINITY_THRESHOLD = 0.999
 
-# A 2 MiB prompt must pass BUFFERED through Envoy; grpcio's default receive limit is 4 MiB, and
-# Envoy's buffer is raised to match (harness/envoy.py).
-DEFAULT_GRPC_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# The largest request body the EPP accepts (413 above it), `--maxRequestBodyBytes`. Long prompts and
+# base64 images are MBs; Envoy must buffer as much (its per-connection buffer limit, harness/envoy.py),
+# and grpcio's receive limit (4 MiB by default) is raised to the body plus `GRPC_MESSAGE_HEADROOM`,
+# so a body the EPP accepts is never refused by gRPC first.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
+# Room in one gRPC message for what travels with the body (framing, a header mutation, metadata).
+GRPC_MESSAGE_HEADROOM = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,12 @@ class ServerConfig:
     destination_endpoint_hint_key: str = DEFAULT_DESTINATION_ENDPOINT_HINT_KEY
     destination_endpoint_hint_metadata_namespace: str = DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE
     refresh_prometheus_metrics_interval: float = DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL
-    grpc_max_message_bytes: int = DEFAULT_GRPC_MAX_MESSAGE_BYTES
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     kubeconfig: str = ""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prober: ProberConfig = field(default_factory=ProberConfig)
+
+    @property
+    def grpc_max_message_bytes(self) -> int:
+        """gRPC's send/receive limit on the ext_proc port, derived so it can never undercut the body limit."""
+        return self.max_request_body_bytes + GRPC_MESSAGE_HEADROOM

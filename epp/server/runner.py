@@ -232,7 +232,11 @@ class Epp:
             metadata_namespace=config.destination_endpoint_hint_metadata_namespace,
             rng=self._rng,
             clock=self._clock,
+            max_request_body_bytes=config.max_request_body_bytes,
         )
+        # Registered before the ext_proc server, so it runs after the server has stopped (reverse
+        # order): streams in their grace period may still be scanning a body.
+        sup.on_stop("body-scanner", servicer.aclose)
         await self._start_ext_proc(servicer)
         await self._start_health(HealthServicer(store.pool_has_synced))
         await self._start_metrics_http(store)
