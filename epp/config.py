@@ -1,11 +1,14 @@
-"""Settings as frozen dataclasses with named defaults.
+"""Settings as frozen dataclasses with named defaults, checked when they are built.
 
 Only the entry point (`epp.server.flags`) reads argv and the environment; everything else receives
-these values through constructors, so tests build them directly.
+these values through constructors, so tests build them directly. A value that cannot work (NaN or a
+negative threshold, metrics refreshed less often than they go stale) raises `ConfigError` at
+construction, whoever builds the settings: the EPP refuses to start rather than route on nonsense.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 DEFAULT_GRPC_PORT = 9002
@@ -39,6 +42,31 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 GRPC_MESSAGE_HEADROOM = 1024 * 1024
 
 
+class ConfigError(ValueError):
+    """A setting that cannot work; `setting` is the field name (the entry point names its flag)."""
+
+    def __init__(self, setting: str, value: object, rule: str) -> None:
+        super().__init__(f"{setting}={value!r}: {rule}")
+        self.setting = setting
+        self.value = value
+        self.rule = rule
+
+
+def _fraction(setting: str, value: float) -> None:
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise ConfigError(setting, value, "must be a number from 0 to 1")
+
+
+def _non_negative_count(setting: str, value: int) -> None:
+    if value < 0:
+        raise ConfigError(setting, value, "must be 0 or more")
+
+
+def _positive(setting: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(setting, value, "must be a positive, finite number")
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Filter-tree thresholds (env overrides KV_CACHE_THRESHOLD etc. are read by the entry point)."""
@@ -48,6 +76,13 @@ class SchedulerConfig:
     queueing_threshold_lora: int = DEFAULT_QUEUEING_THRESHOLD_LORA
     lora_affinity_threshold: float = DEFAULT_LORA_AFFINITY_THRESHOLD
     metrics_staleness_threshold: float = DEFAULT_METRICS_STALENESS_THRESHOLD
+
+    def __post_init__(self) -> None:
+        _fraction("kv_cache_threshold", self.kv_cache_threshold)
+        _non_negative_count("queue_threshold_critical", self.queue_threshold_critical)
+        _non_negative_count("queueing_threshold_lora", self.queueing_threshold_lora)
+        _fraction("lora_affinity_threshold", self.lora_affinity_threshold)
+        _positive("metrics_staleness_threshold", self.metrics_staleness_threshold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +102,10 @@ class ProberConfig:
     scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT
     metric_names: MetricNames = field(default_factory=MetricNames)
 
+    def __post_init__(self) -> None:
+        _positive("refresh_interval", self.refresh_interval)
+        _positive("scrape_timeout", self.scrape_timeout)
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -85,6 +124,20 @@ class ServerConfig:
     kubeconfig: str = ""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prober: ProberConfig = field(default_factory=ProberConfig)
+
+    def __post_init__(self) -> None:
+        _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
+        if self.max_request_body_bytes < 1:
+            raise ConfigError("max_request_body_bytes", self.max_request_body_bytes, "must be 1 or more")
+        refresh, stale = self.prober.refresh_interval, self.scheduler.metrics_staleness_threshold
+        if refresh > stale:
+            # Every pod would look stale between two scrapes, and be treated as such.
+            raise ConfigError(
+                "refresh_interval",
+                refresh,
+                f"must not be longer than the metrics staleness threshold ({stale}s): pods would "
+                "always look stale",
+            )
 
     @property
     def grpc_max_message_bytes(self) -> int:
