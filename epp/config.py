@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_GRPC_HEALTH_PORT = 9003
 DEFAULT_METRICS_PORT = 9090
+# The datastore debug view (ours, not upstream): its own listener, on loopback unless asked otherwise
+# (it dumps every pod address and model, unauthenticated; DESIGN.md §6).
+DEFAULT_DEBUG_PORT = 9091
+DEFAULT_DEBUG_BIND_ADDRESS = "127.0.0.1"
 DEFAULT_POOL_NAMESPACE = "default"
 DEFAULT_REFRESH_METRICS_INTERVAL = 0.05
 DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL = 5.0
@@ -115,6 +119,8 @@ class ServerConfig:
     grpc_health_port: int = DEFAULT_GRPC_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     bind_address: str = "0.0.0.0"
+    debug_port: int = DEFAULT_DEBUG_PORT
+    debug_bind_address: str = DEFAULT_DEBUG_BIND_ADDRESS
     secure_serving: bool = True
     cert_path: str = ""
     destination_endpoint_hint_key: str = DEFAULT_DESTINATION_ENDPOINT_HINT_KEY

@@ -34,7 +34,7 @@ class EppProcess:
     def start(self, timeout: float = 30.0) -> None:
         """Spawn and wait until the process serves /metrics (ready to answer, pool or not)."""
         if not self._ports:
-            self._ports = {name: reserve_port() for name in ("grpc", "health", "metrics")}
+            self._ports = {name: reserve_port() for name in ("grpc", "health", "metrics", "debug")}
         args = [
             "-m",
             "epp",
@@ -45,6 +45,7 @@ class EppProcess:
             f"--grpcPort={self.grpc_port}",
             f"--grpcHealthPort={self.health_port}",
             f"--metricsPort={self.metrics_port}",
+            f"--debugPort={self.debug_port}",
             f"-v={self.verbosity}",
             *self.extra_args,
         ]
@@ -107,12 +108,21 @@ class EppProcess:
         return self._ports["metrics"].port
 
     @property
+    def debug_port(self) -> int:
+        return self._ports["debug"].port
+
+    @property
     def ext_proc_address(self) -> str:
         return f"{LOOPBACK}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
         return f"http://{LOOPBACK}:{self.metrics_port}"
+
+    @property
+    def debug_url(self) -> str:
+        """Base URL of /debug/datastore (its own listener, loopback: `--debugPort`)."""
+        return f"http://{LOOPBACK}:{self.debug_port}"
 
     def log_tail(self, lines: int = 40) -> str:
         return self._process.log_tail(lines) if self._process is not None else ""
@@ -130,4 +140,4 @@ class EppProcess:
         return epp_probe.metrics_text(self.metrics_url)
 
     def datastore_view(self) -> dict[str, Any]:
-        return epp_probe.datastore_view(self.metrics_url)
+        return epp_probe.datastore_view(self.debug_url)

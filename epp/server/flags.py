@@ -4,6 +4,8 @@ This is the only place that reads argv and the environment (STYLE habit 9); ever
 frozen `ServerConfig`. Like Go's `flag` package, a flag may be written with one dash or two, and as
 `-name value` or `-name=value`; durations are Go duration strings (`50ms`, `5s`, `1m30s`).
 `--bindAddress` is ours (not upstream): tests and the harness bind to loopback only.
+`--debugPort`/`--debugBindAddress` are ours: the datastore debug view has its own listener, on
+127.0.0.1 unless asked otherwise (DESIGN.md §6).
 `--maxRequestBodyBytes` is ours too (DESIGN.md §6: a request body has a size limit).
 `--refreshPrometheusMetricsInterval` is accepted for compatibility but has nothing to drive: pool
 gauges are computed at scrape time (epp.metrics.pool).
@@ -197,7 +199,19 @@ def _parser() -> _Parser:
     p.add_argument("--grpcPort", type=port, default=defaults.DEFAULT_GRPC_PORT, help="ext_proc port.")
     p.add_argument("--grpcHealthPort", type=port, default=defaults.DEFAULT_GRPC_HEALTH_PORT)
     p.add_argument("--metricsPort", type=port, default=defaults.DEFAULT_METRICS_PORT)
-    p.add_argument("--bindAddress", default="0.0.0.0", help="Address every server binds to (not upstream).")
+    p.add_argument(
+        "--bindAddress",
+        default="0.0.0.0",
+        help="Address ext_proc, health and /metrics bind to (not upstream).",
+    )
+    p.add_argument(
+        "--debugPort", type=port, default=defaults.DEFAULT_DEBUG_PORT, help="/debug/datastore port."
+    )
+    p.add_argument(
+        "--debugBindAddress",
+        default=defaults.DEFAULT_DEBUG_BIND_ADDRESS,
+        help="Address of /debug/datastore; loopback unless you mean to expose it (not upstream).",
+    )
     p.add_argument(
         "--refreshMetricsInterval", type=duration, default=defaults.DEFAULT_REFRESH_METRICS_INTERVAL
     )
@@ -336,6 +350,8 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
         grpc_health_port=ns.grpcHealthPort,
         metrics_port=ns.metricsPort,
         bind_address=ns.bindAddress,
+        debug_port=ns.debugPort,
+        debug_bind_address=ns.debugBindAddress,
         secure_serving=ns.secureServing,
         cert_path=ns.certPath,
         destination_endpoint_hint_key=ns.destinationEndpointHintKey,

@@ -34,7 +34,7 @@ from epp.k8s import Controllers, KubeClient
 from epp.metrics import PoolCollector, RequestMetrics
 from epp.scheduling import Scheduler
 from epp.server.health import HealthServicer
-from epp.server.http import bind_socket, metrics_app
+from epp.server.http import bind_socket, debug_app, metrics_app
 from epp.server.supervisor import Supervisor
 from epp.server.tls import server_key_pair
 
@@ -196,6 +196,15 @@ class Epp:
         return self._ports["metrics"]
 
     @property
+    def debug_port(self) -> int:
+        """The port of /debug/datastore, on `debug_address`."""
+        return self._ports["debug"]
+
+    @property
+    def debug_address(self) -> str:
+        return self._config.debug_bind_address
+
+    @property
     def tls_certificate(self) -> bytes | None:
         """The ext_proc server's certificate (PEM) when serving TLS, e.g. to trust a self-signed one."""
         return self._certificate
@@ -239,7 +248,12 @@ class Epp:
         sup.on_stop("body-scanner", servicer.aclose)
         await self._start_ext_proc(servicer)
         await self._start_health(HealthServicer(store.pool_has_synced))
-        await self._start_metrics_http(store)
+        await self._start_http(
+            "metrics-http", "metrics", metrics_app(self._registry), config.bind_address, config.metrics_port
+        )
+        await self._start_http(
+            "debug-http", "debug", debug_app(store, self._clock), config.debug_bind_address, config.debug_port
+        )
 
         controllers = self._controllers = self._controllers_factory(store)
         sup.spawn("controllers", controllers.run())
@@ -252,6 +266,7 @@ class Epp:
             host_port(config.bind_address, self.health_port),
             host_port(config.bind_address, self.metrics_port),
         )
+        log.info("datastore debug view on %s", host_port(config.debug_bind_address, self.debug_port))
 
     async def _unregister(self, collectors: tuple[Any, ...]) -> None:
         for collector in collectors:
@@ -305,18 +320,18 @@ class Epp:
             raise
         await self._start_grpc("grpc-health", "health", server, port)
 
-    async def _start_metrics_http(self, store: Datastore) -> None:
-        runner = web.AppRunner(metrics_app(self._registry, store, self._clock), access_log=None)
+    async def _start_http(self, task: str, port_key: str, app: web.Application, host: str, port: int) -> None:
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         sock = None
         try:
-            sock = bind_socket(self._config.bind_address, self._config.metrics_port)
-            self._ports["metrics"] = sock.getsockname()[1]
+            sock = bind_socket(host, port)
+            self._ports[port_key] = sock.getsockname()[1]
             await web.SockSite(runner, sock).start()
         except BaseException:
             await runner.cleanup()
             if sock is not None:
                 sock.close()
             raise
-        self._supervisor.on_stop("metrics-http", runner.cleanup)
-        self._supervisor.spawn("metrics-http", _serving())
+        self._supervisor.on_stop(task, runner.cleanup)
+        self._supervisor.spawn(task, _serving())
