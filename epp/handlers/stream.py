@@ -287,6 +287,12 @@ class ExtProcStream:
         endpoint = endpoint_of(picked, pool)
         if target != scanned.model:
             body = with_model(raw, scanned, target)
+            if len(body) > deps.max_body_bytes:
+                # Envoy's buffer has the same limit and would refuse the longer body anyway.
+                raise PayloadTooLarge(
+                    f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
+                    f"once its model is rewritten to {target}"
+                )
             reply = responses.route(
                 deps.destination, endpoint, phase="request_body", body=body, content_length=len(body)
             )

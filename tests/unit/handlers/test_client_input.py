@@ -139,6 +139,16 @@ def test_a_buffered_body_over_the_limit_is_413() -> None:
     assert immediate(replies[-1])[0] == 413
 
 
+def test_a_rewrite_that_grows_the_body_past_the_limit_is_413() -> None:
+    """Envoy buffers with the same limit and would refuse the longer body after the EPP chose a pod."""
+    env = Env().pool().model("food-review", ("food-review-lora", None)).pod("pod-1", "10.0.0.1")
+    sent = json.dumps({"model": "food-review", "prompt": "x" * 1000}).encode()
+    env.max_request_body_bytes = len(sent)
+    status, message, _ = immediate(run_exchange(env, headers(), body(sent))[-1])
+    assert status == 413
+    assert message.endswith("once its model is rewritten to food-review-lora")
+
+
 def test_a_body_of_exactly_the_limit_is_routed() -> None:
     sent = json.dumps({"model": "food-review", "prompt": "x" * 1000}).encode()
     replies = run_exchange(limited_env(len(sent)), headers(), body(sent))
