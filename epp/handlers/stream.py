@@ -119,6 +119,7 @@ class ExtProcStream:
         "_body_chunks",
         "_body_size",
         "_buffered_mode",
+        "_decided",
         "_declared_length",
         "_deps",
         "_error_counted",
@@ -148,7 +149,8 @@ class ExtProcStream:
         self._body_chunks: list[bytes] = []
         self._body_size = 0
         self._declared_length: int | None = None  # Content-Length of the request, when sent
-        self._routed = False
+        self._routed = False  # a body was routed: the running-requests gauge counts this stream
+        self._decided = False  # a destination was sent (with or without a body): never a second one
         self._error_counted = False
         self._response_kind = _UNKNOWN
         self._sse = SseUsageScanner()
@@ -230,11 +232,13 @@ class ExtProcStream:
     def _route_bodyless(self) -> bytes:
         pool, pods = self._pool_and_pods()
         endpoint = endpoint_of(self._deps.rng.choice(pods), pool)
+        self._decided = True
         return responses.route(self._deps.destination, endpoint, phase="request_headers")
 
     async def _request_body(self, msg: pb.HttpBody) -> bytes:
-        if self._routed:
-            # Already decided (e.g. a trailing chunk after a BUFFERED body): let it through unchanged.
+        if self._decided:
+            # Already decided (a trailing chunk after a BUFFERED body, a body after end_of_stream on
+            # the headers): let it through unchanged. One stream, one destination.
             return self._deps.replies.request_body
         self._body_size += len(msg.body)
         limit = self._deps.max_body_bytes
@@ -259,7 +263,7 @@ class ExtProcStream:
         return await self._route(raw, split)
 
     def _request_trailers(self) -> bytes:
-        if not self._routed:
+        if not self._decided:
             # A TrailersResponse cannot carry the body held back so far: refuse rather than hang.
             raise BadRequest(
                 "request trailers arrived before the request body ended; the endpoint picker routes on "
@@ -302,7 +306,7 @@ class ExtProcStream:
                 deps.destination, endpoint, phase="request_body", body=raw if split else None
             )
         deps.metrics.request_routed(scanned.model, target, len(raw))
-        self._routed = True
+        self._routed = self._decided = True
         if log.isEnabledFor(logging.DEBUG):
             log.debug("routed model=%s target=%s to %s", scanned.model, target, endpoint)
         return reply

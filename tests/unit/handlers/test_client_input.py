@@ -223,3 +223,12 @@ def test_a_big_body_is_scanned_in_the_child_while_other_streams_are_served(tmp_p
         assert result.code == grpc.StatusCode.OK, result.details
         assert mutation(result.replies[-1]).body == sent.replace(b'"food-review"', b'"food-review-lora"')
     assert scanner.child_pid is None
+
+
+def test_a_body_after_a_bodyless_decision_gets_no_second_destination() -> None:
+    """Found by the fuzzer: headers with end_of_stream were routed, then a body was routed again."""
+    sent = json.dumps({"model": "food-review", "prompt": "hi"}).encode()
+    replies = run_exchange(routed_env(), headers(eos=True), body(sent))
+    assert mutation(replies[0]).metadata == {"envoy.lb": {DEST: "10.0.0.1:8000"}}
+    second = mutation(replies[1])
+    assert (second.set_headers, second.metadata, second.body) == (frozenset(), {}, None)
