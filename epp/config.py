@@ -119,6 +119,8 @@ class ServerConfig:
     grpc_health_port: int = DEFAULT_GRPC_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     bind_address: str = "0.0.0.0"
+    # /metrics alone on another address (e.g. 127.0.0.1 behind an authenticating proxy); "" = bind_address.
+    metrics_bind_address: str = ""
     debug_port: int = DEFAULT_DEBUG_PORT
     debug_bind_address: str = DEFAULT_DEBUG_BIND_ADDRESS
     secure_serving: bool = True

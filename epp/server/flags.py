@@ -5,7 +5,8 @@ frozen `ServerConfig`. Like Go's `flag` package, a flag may be written with one 
 `-name value` or `-name=value`; durations are Go duration strings (`50ms`, `5s`, `1m30s`).
 `--bindAddress` is ours (not upstream): tests and the harness bind to loopback only.
 `--debugPort`/`--debugBindAddress` are ours: the datastore debug view has its own listener, on
-127.0.0.1 unless asked otherwise (DESIGN.md §6).
+127.0.0.1 unless asked otherwise (DESIGN.md §6). `--metricsBindAddress` (ours) puts /metrics alone on
+another address, e.g. loopback behind an authenticating proxy.
 `--maxRequestBodyBytes` is ours too (DESIGN.md §6: a request body has a size limit).
 `--refreshPrometheusMetricsInterval` is accepted for compatibility but has nothing to drive: pool
 gauges are computed at scrape time (epp.metrics.pool).
@@ -208,6 +209,11 @@ def _parser() -> _Parser:
         "--debugPort", type=port, default=defaults.DEFAULT_DEBUG_PORT, help="/debug/datastore port."
     )
     p.add_argument(
+        "--metricsBindAddress",
+        default="",
+        help="Address of /metrics alone; empty: --bindAddress (not upstream).",
+    )
+    p.add_argument(
         "--debugBindAddress",
         default=defaults.DEFAULT_DEBUG_BIND_ADDRESS,
         help="Address of /debug/datastore; loopback unless you mean to expose it (not upstream).",
@@ -350,6 +356,7 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
         grpc_health_port=ns.grpcHealthPort,
         metrics_port=ns.metricsPort,
         bind_address=ns.bindAddress,
+        metrics_bind_address=ns.metricsBindAddress,
         debug_port=ns.debugPort,
         debug_bind_address=ns.debugBindAddress,
         secure_serving=ns.secureServing,

@@ -248,8 +248,9 @@ class Epp:
         sup.on_stop("body-scanner", servicer.aclose)
         await self._start_ext_proc(servicer)
         await self._start_health(HealthServicer(store.pool_has_synced))
+        metrics_address = config.metrics_bind_address or config.bind_address
         await self._start_http(
-            "metrics-http", "metrics", metrics_app(self._registry), config.bind_address, config.metrics_port
+            "metrics-http", "metrics", metrics_app(self._registry), metrics_address, config.metrics_port
         )
         await self._start_http(
             "debug-http", "debug", debug_app(store, self._clock), config.debug_bind_address, config.debug_port
@@ -264,7 +265,7 @@ class Epp:
             host_port(config.bind_address, self.grpc_port),
             "TLS" if config.secure_serving else "plaintext",
             host_port(config.bind_address, self.health_port),
-            host_port(config.bind_address, self.metrics_port),
+            host_port(metrics_address, self.metrics_port),
         )
         log.info("datastore debug view on %s", host_port(config.debug_bind_address, self.debug_port))
 

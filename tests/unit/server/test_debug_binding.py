@@ -53,8 +53,27 @@ def test_the_datastore_view_can_be_exposed_on_purpose() -> None:
     asyncio.run(scenario())
 
 
+def test_metrics_alone_can_move_to_another_address() -> None:
+    """E.g. loopback, with an authenticating proxy in front (README: exposing /metrics safely)."""
+    config = replace(LOOPBACK_CONFIG, bind_address=POD_ADDRESS, metrics_bind_address="127.0.0.3")
+
+    async def scenario() -> None:
+        async with make_epp(config=config) as epp:
+            await epp.wait_ready()
+            async with aiohttp.ClientSession() as http:
+                assert await status(http, f"http://127.0.0.3:{epp.metrics_port}/metrics") == 200
+                with pytest.raises(aiohttp.ClientConnectionError):
+                    await status(http, f"http://{POD_ADDRESS}:{epp.metrics_port}/metrics")
+
+    asyncio.run(scenario())
+
+
 def test_debug_flags() -> None:
     default = parse_flags(["--poolName", "p"], {}).config
     assert (default.debug_bind_address, default.debug_port) == ("127.0.0.1", 9091)
-    exposed = parse_flags(["--poolName", "p", "--debugBindAddress=0.0.0.0", "--debugPort=0"], {}).config
+    exposed = parse_flags(
+        ["--poolName", "p", "--debugBindAddress=0.0.0.0", "--debugPort=0", "--metricsBindAddress=127.0.0.1"],
+        {},
+    ).config
     assert (exposed.debug_bind_address, exposed.debug_port) == ("0.0.0.0", 0)
+    assert (exposed.metrics_bind_address, default.metrics_bind_address) == ("127.0.0.1", "")
