@@ -125,6 +125,8 @@ def run(stack: Stack, cases: int, warmup: int) -> int:
         broken = violations(world, case, outcome)
         if broken:
             failures.append(f"{case!r}: {broken}")
+            if len(failures) <= 5:  # the first ones in full as they happen; the rest are counted
+                print(f"FAILED case {done + 1}: {broken}\n  {case!r}", flush=True)
         if (done + 1) % 10_000 == 0:
             rate = (done + 1) / (time.monotonic() - started)
             print(f"  {done + 1:>7,} cases, {len(failures)} failing, {rate:.0f} cases/s, "
@@ -148,8 +150,6 @@ def run(stack: Stack, cases: int, warmup: int) -> int:
           f"after {total:,} cases: {rss_after:.1f} MiB ({growth:+.1f}%; aim ≤ +10%)")  # fmt: skip
     for child in children(pid):
         print(f"  body-scanning child {child}: RSS {rss_mib(child):.1f} MiB")
-    for failure in failures[:10]:
-        print("FAILED", failure[:2000])
     return 1 if failures else 0
 
 

@@ -224,7 +224,7 @@ class ExtProcStream:
                 client_hint = True
             elif name == "content-length":
                 self._declared_length = int(value) if value.isdigit() else None
-        if msg.end_of_stream:
+        if msg.end_of_stream and not self._decided:
             return self._route_bodyless()
         replies = self._deps.replies
         return replies.request_headers_strip if client_hint else replies.request_headers

@@ -232,3 +232,12 @@ def test_a_body_after_a_bodyless_decision_gets_no_second_destination() -> None:
     assert mutation(replies[0]).metadata == {"envoy.lb": {DEST: "10.0.0.1:8000"}}
     second = mutation(replies[1])
     assert (second.set_headers, second.metadata, second.body) == (frozenset(), {}, None)
+
+
+def test_headers_after_a_routed_body_get_no_second_destination() -> None:
+    """Found by the long fuzz run: a body routed, then request headers with end_of_stream routed again."""
+    sent = json.dumps({"model": "food-review", "prompt": "hi"}).encode()
+    replies = run_exchange(routed_env(), body(sent), headers(eos=True))
+    assert mutation(replies[0]).metadata == {"envoy.lb": {DEST: "10.0.0.1:8000"}}
+    second = mutation(replies[1])
+    assert (second.set_headers, second.metadata) == (frozenset(), {})
