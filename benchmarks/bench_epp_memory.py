@@ -259,7 +259,7 @@ class RssSampler:
 
 # --- the EPP's view ----------------------------------------------------------------------------------
 def datastore_view(epp: EppProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{epp.metrics_url}/debug/datastore", timeout=30) as resp:
+    with urllib.request.urlopen(f"{epp.debug_url}/debug/datastore", timeout=30) as resp:
         view = json.loads(resp.read())
     assert isinstance(view, dict)
     return view

@@ -91,7 +91,7 @@ def main() -> None:
             for i in range(args.pods):
                 bed.add_pod(f"p{i}")
             bed.eventually_consistent()
-            poller = ViewPoller(bed.epp.metrics_url)
+            poller = ViewPoller(bed.epp.debug_url)
             from_start: list[float] = []
             from_ack: list[float] = []
             flipping = "p0"

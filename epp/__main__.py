@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from epp.config import ServerConfig
 from epp.k8s import KubeClient, KubeError, load_config
 from epp.server.flags import FlagError, parse_flags
+from epp.server.logs import configure_logging
 from epp.server.runner import Epp
 from epp.server.supervisor import TaskFailed
 
@@ -47,9 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FlagError as exc:
         print(f"epp: {exc} (see --help)", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=flags.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(flags.log_level, flags.log_encoder, sys.stderr)
     log.info("flags: %s (verbosity %d)", flags.config, flags.verbosity)
     try:
         return asyncio.run(serve(flags.config, os.environ))

@@ -1,16 +1,23 @@
-"""Settings as frozen dataclasses with named defaults.
+"""Settings as frozen dataclasses with named defaults, checked when they are built.
 
 Only the entry point (`epp.server.flags`) reads argv and the environment; everything else receives
-these values through constructors, so tests build them directly.
+these values through constructors, so tests build them directly. A value that cannot work (NaN or a
+negative threshold, metrics refreshed less often than they go stale) raises `ConfigError` at
+construction, whoever builds the settings: the EPP refuses to start rather than route on nonsense.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_GRPC_HEALTH_PORT = 9003
 DEFAULT_METRICS_PORT = 9090
+# The datastore debug view (ours, not upstream): its own listener, on loopback unless asked otherwise
+# (it dumps every pod address and model, unauthenticated; DESIGN.md §6).
+DEFAULT_DEBUG_PORT = 9091
+DEFAULT_DEBUG_BIND_ADDRESS = "127.0.0.1"
 DEFAULT_POOL_NAMESPACE = "default"
 DEFAULT_REFRESH_METRICS_INTERVAL = 0.05
 DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL = 5.0
@@ -30,9 +37,38 @@ DEFAULT_QUEUE_THRESHOLD_CRITICAL = 5
 DEFAULT_QUEUEING_THRESHOLD_LORA = 128
 DEFAULT_LORA_AFFINITY_THRESHOLD = 0.999
 
-# A 2 MiB prompt must pass BUFFERED through Envoy; grpcio's default receive limit is 4 MiB, and
-# Envoy's buffer is raised to match (harness/envoy.py).
-DEFAULT_GRPC_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# The largest request body the EPP accepts (413 above it), `--maxRequestBodyBytes`. Long prompts and
+# base64 images are MBs; Envoy must buffer as much (its per-connection buffer limit, harness/envoy.py),
+# and grpcio's receive limit (4 MiB by default) is raised to the body plus `GRPC_MESSAGE_HEADROOM`,
+# so a body the EPP accepts is never refused by gRPC first.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
+# Room in one gRPC message for what travels with the body (framing, a header mutation, metadata).
+GRPC_MESSAGE_HEADROOM = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; `setting` is the field name (the entry point names its flag)."""
+
+    def __init__(self, setting: str, value: object, rule: str) -> None:
+        super().__init__(f"{setting}={value!r}: {rule}")
+        self.setting = setting
+        self.value = value
+        self.rule = rule
+
+
+def _fraction(setting: str, value: float) -> None:
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise ConfigError(setting, value, "must be a number from 0 to 1")
+
+
+def _non_negative_count(setting: str, value: int) -> None:
+    if value < 0:
+        raise ConfigError(setting, value, "must be 0 or more")
+
+
+def _positive(setting: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(setting, value, "must be a positive, finite number")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +80,13 @@ class SchedulerConfig:
     queueing_threshold_lora: int = DEFAULT_QUEUEING_THRESHOLD_LORA
     lora_affinity_threshold: float = DEFAULT_LORA_AFFINITY_THRESHOLD
     metrics_staleness_threshold: float = DEFAULT_METRICS_STALENESS_THRESHOLD
+
+    def __post_init__(self) -> None:
+        _fraction("kv_cache_threshold", self.kv_cache_threshold)
+        _non_negative_count("queue_threshold_critical", self.queue_threshold_critical)
+        _non_negative_count("queueing_threshold_lora", self.queueing_threshold_lora)
+        _fraction("lora_affinity_threshold", self.lora_affinity_threshold)
+        _positive("metrics_staleness_threshold", self.metrics_staleness_threshold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +106,10 @@ class ProberConfig:
     scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT
     metric_names: MetricNames = field(default_factory=MetricNames)
 
+    def __post_init__(self) -> None:
+        _positive("refresh_interval", self.refresh_interval)
+        _positive("scrape_timeout", self.scrape_timeout)
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -72,12 +119,35 @@ class ServerConfig:
     grpc_health_port: int = DEFAULT_GRPC_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     bind_address: str = "0.0.0.0"
+    # /metrics alone on another address (e.g. 127.0.0.1 behind an authenticating proxy); "" = bind_address.
+    metrics_bind_address: str = ""
+    debug_port: int = DEFAULT_DEBUG_PORT
+    debug_bind_address: str = DEFAULT_DEBUG_BIND_ADDRESS
     secure_serving: bool = True
     cert_path: str = ""
     destination_endpoint_hint_key: str = DEFAULT_DESTINATION_ENDPOINT_HINT_KEY
     destination_endpoint_hint_metadata_namespace: str = DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE
     refresh_prometheus_metrics_interval: float = DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL
-    grpc_max_message_bytes: int = DEFAULT_GRPC_MAX_MESSAGE_BYTES
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     kubeconfig: str = ""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prober: ProberConfig = field(default_factory=ProberConfig)
+
+    def __post_init__(self) -> None:
+        _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
+        if self.max_request_body_bytes < 1:
+            raise ConfigError("max_request_body_bytes", self.max_request_body_bytes, "must be 1 or more")
+        refresh, stale = self.prober.refresh_interval, self.scheduler.metrics_staleness_threshold
+        if refresh > stale:
+            # Every pod would look stale between two scrapes, and be treated as such.
+            raise ConfigError(
+                "refresh_interval",
+                refresh,
+                f"must not be longer than the metrics staleness threshold ({stale}s): pods would "
+                "always look stale",
+            )
+
+    @property
+    def grpc_max_message_bytes(self) -> int:
+        """gRPC's send/receive limit on the ext_proc port, derived so it can never undercut the body limit."""
+        return self.max_request_body_bytes + GRPC_MESSAGE_HEADROOM

@@ -27,6 +27,13 @@ class BadRequest(EppError):
     metric_code = "BadRequest"
 
 
+class PayloadTooLarge(EppError):
+    """The request body exceeds the EPP's limit (`--maxRequestBodyBytes`)."""
+
+    http_status = 413
+    metric_code = "PayloadTooLarge"
+
+
 class ModelNotFound(EppError):
     http_status = 404
     metric_code = "BadConfiguration"

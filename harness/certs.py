@@ -40,6 +40,14 @@ class KeyPair:
     public_pem: bytes
 
 
+@dataclass(frozen=True)
+class ExtProcTls:
+    """How a client (Envoy) verifies the EPP: the CA that issued its certificate and the name on it."""
+
+    ca_pem: bytes
+    server_name: str
+
+
 class TinyCA:
     """A self-signed CA that issues leaf certificates for one control plane.
 

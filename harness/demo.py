@@ -324,7 +324,7 @@ def _print_access(env: DemoEnvironment, copy_to: Path | None) -> None:
     print(f"export OPENAI_BASE_URL={stack.base_url}")
     print("export OPENAI_API_KEY=unused")
     print(f"curl:       {curl}")
-    print(f"EPP:        {stack.epp.metrics_url}/metrics  {stack.epp.metrics_url}/debug/datastore")
+    print(f"EPP:        {stack.epp.metrics_url}/metrics  {stack.epp.debug_url}/debug/datastore")
     print("models:")
     for model in env.models:
         print(f"  {model.model_name:<34} {model.criticality or 'Standard':<10} {_targets_text(model)}")

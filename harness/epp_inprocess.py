@@ -107,6 +107,7 @@ class EppInProcess:
             grpc_port=0,
             grpc_health_port=0,
             metrics_port=0,
+            debug_port=0,
             bind_address=LOOPBACK,
             secure_serving=False,
             kubeconfig=str(s.kubeconfig),
@@ -135,7 +136,12 @@ class EppInProcess:
             epp = self._epp(config, client)
             await epp.start()
             try:
-                self._ports = {"grpc": epp.grpc_port, "health": epp.health_port, "metrics": epp.metrics_port}
+                self._ports = {
+                    "grpc": epp.grpc_port,
+                    "health": epp.health_port,
+                    "metrics": epp.metrics_port,
+                    "debug": epp.debug_port,
+                }
                 started.set_result(None)
                 stop_wait = asyncio.ensure_future(self._stop.wait())
                 epp_wait = asyncio.ensure_future(epp.wait())
@@ -177,8 +183,13 @@ class EppInProcess:
             self._client = ExtProcClient(self.grpc_target)
         return self._client
 
+    @property
+    def debug_url(self) -> str:
+        """Base URL of the EPP's /debug/datastore listener."""
+        return f"http://{LOOPBACK}:{self._ports['debug']}"
+
     def datastore_view(self) -> dict[str, Any]:
-        return epp_probe.datastore_view(self.metrics_url)
+        return epp_probe.datastore_view(self.debug_url)
 
     def metrics_text(self) -> str:
         return epp_probe.metrics_text(self.metrics_url)

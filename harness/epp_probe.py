@@ -1,4 +1,4 @@
-"""Reading a running EPP from outside, the way operators and probes do: its metrics port and gRPC health.
+"""Reading a running EPP from outside, the way operators and probes do: its HTTP ports and gRPC health.
 
 Shared by the in-process EPP (integration tests) and the EPP process (e2e, demo), so both are
 observed through exactly the same doors.
@@ -16,9 +16,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 DEBUG_DATASTORE_PATH = "/debug/datastore"
 
 
-def datastore_view(metrics_url: str, timeout: float = 5.0) -> dict[str, Any]:
-    """The read-only JSON view of the datastore (pool, models, pods with metrics and their age)."""
-    with urllib.request.urlopen(f"{metrics_url}{DEBUG_DATASTORE_PATH}", timeout=timeout) as resp:
+def datastore_view(debug_url: str, timeout: float = 5.0) -> dict[str, Any]:
+    """The read-only JSON view of the datastore (pool, models, pods with metrics and their age).
+
+    `debug_url` is the base URL of the EPP's debug listener (`--debugPort`, loopback by default).
+    """
+    with urllib.request.urlopen(f"{debug_url}{DEBUG_DATASTORE_PATH}", timeout=timeout) as resp:
         view: dict[str, Any] = json.load(resp)
         return view
 

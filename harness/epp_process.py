@@ -1,22 +1,27 @@
 """The EPP as its own process, started the way a Deployment runs it: `python -m epp` with flags.
 
 The e2e tests and the demo use this (the integration suite runs the EPP in-process instead). TLS stays
-on, as in production: Envoy's ext_proc cluster accepts the self-signed certificate.
+on, as in production, and is verifiable: the process serves a certificate (`--certPath`) issued by a
+CA of its own for `server_name` (a Service DNS name, as cert-manager would issue in a cluster), and
+`ext_proc_tls` tells Envoy what to trust. The certificate lives in a temp dir removed by `close()`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import epp_probe
+from harness.certs import ExtProcTls, TinyCA
 from harness.eventually import eventually
 from harness.ports import LOOPBACK, PortReservation, reserve_port
-from harness.process import ManagedProcess
+from harness.process import ManagedProcess, temp_prefix
 
 
 @dataclass
@@ -30,11 +35,14 @@ class EppProcess:
     verbosity: int = 2
     _ports: dict[str, PortReservation] = field(default_factory=dict, init=False)
     _process: ManagedProcess | None = field(default=None, init=False)
+    _cert_dir: Path | None = field(default=None, init=False)
+    _ca_pem: bytes = field(default=b"", init=False)
 
     def start(self, timeout: float = 30.0) -> None:
         """Spawn and wait until the process serves /metrics (ready to answer, pool or not)."""
         if not self._ports:
-            self._ports = {name: reserve_port() for name in ("grpc", "health", "metrics")}
+            self._ports = {name: reserve_port() for name in ("grpc", "health", "metrics", "debug")}
+        cert_dir = self._serving_certificate()
         args = [
             "-m",
             "epp",
@@ -45,7 +53,9 @@ class EppProcess:
             f"--grpcPort={self.grpc_port}",
             f"--grpcHealthPort={self.health_port}",
             f"--metricsPort={self.metrics_port}",
+            f"--debugPort={self.debug_port}",
             f"-v={self.verbosity}",
+            f"--certPath={cert_dir}",
             *self.extra_args,
         ]
         self._process = ManagedProcess(
@@ -76,6 +86,35 @@ class EppProcess:
         for reservation in self._ports.values():
             reservation.release()
         self._ports.clear()
+        if self._cert_dir is not None:
+            shutil.rmtree(self._cert_dir, ignore_errors=True)
+            self._cert_dir = None
+
+    def _serving_certificate(self) -> Path:
+        """`tls.crt`/`tls.key` for `server_name` from this EPP's own CA; made once, kept across restarts."""
+        if self._cert_dir is None:
+            # Common names are capped at 64 characters; the (longer) Service name goes in the SAN.
+            ca = TinyCA(common_name="epp-serving-ca")
+            pair = ca.issue_serving(dns_names=[self.server_name], ips=[], common_name="endpoint-picker")
+            cert_dir = Path(tempfile.mkdtemp(prefix=temp_prefix("epp-certs")))
+            (cert_dir / "tls.crt").write_bytes(pair.cert_pem)
+            key = cert_dir / "tls.key"
+            key.touch(mode=0o600)
+            key.write_bytes(pair.key_pem)
+            self._cert_dir, self._ca_pem = cert_dir, ca.cert_pem
+        return self._cert_dir
+
+    @property
+    def server_name(self) -> str:
+        """The name on the EPP's certificate: its Service's DNS name in a cluster."""
+        return f"{self.pool_name}-epp.{self.pool_namespace}.svc"
+
+    @property
+    def ext_proc_tls(self) -> ExtProcTls:
+        """What Envoy trusts to verify this EPP (available once started)."""
+        if not self._ca_pem:
+            raise RuntimeError("the EPP has no certificate before start()")
+        return ExtProcTls(ca_pem=self._ca_pem, server_name=self.server_name)
 
     def __enter__(self) -> EppProcess:
         self.start()
@@ -107,12 +146,21 @@ class EppProcess:
         return self._ports["metrics"].port
 
     @property
+    def debug_port(self) -> int:
+        return self._ports["debug"].port
+
+    @property
     def ext_proc_address(self) -> str:
         return f"{LOOPBACK}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
         return f"http://{LOOPBACK}:{self.metrics_port}"
+
+    @property
+    def debug_url(self) -> str:
+        """Base URL of /debug/datastore (its own listener, loopback: `--debugPort`)."""
+        return f"http://{LOOPBACK}:{self.debug_port}"
 
     def log_tail(self, lines: int = 40) -> str:
         return self._process.log_tail(lines) if self._process is not None else ""
@@ -130,4 +178,4 @@ class EppProcess:
         return epp_probe.metrics_text(self.metrics_url)
 
     def datastore_view(self) -> dict[str, Any]:
-        return epp_probe.datastore_view(self.metrics_url)
+        return epp_probe.datastore_view(self.debug_url)

@@ -75,8 +75,8 @@ class ExtProcClient:
 
     def __init__(self, target: str, *, tls: bool = False, timeout: float = 10.0) -> None:
         if tls:
-            # The EPP's certificate is self-signed: trust it for this channel only, as Envoy's empty
-            # validation_context does.
+            # Trust whatever certificate the EPP presents, for this channel only: a test tool talking
+            # to a known local EPP. Envoy, in contrast, verifies it (harness.envoy.ExtProcTls).
             import ssl
 
             host, port = target.rsplit(":", 1)

@@ -4,14 +4,17 @@ It is deliberately written from the API JSON and the rules of epp-behaviour.md ย
 without reusing `epp`'s own parsing, so a bug shared by the EPP's parser and the oracle cannot hide.
 Comparison is against the EPP's read-only debug view (`/debug/datastore`), never its internals.
 
-Model ties: creationTimestamp has one-second resolution, so two claimants created in the same second
-are both acceptable winners; the oracle reports the set of acceptable owners.
+Model ownership: the oldest creationTimestamp wins a modelName; timestamps have one-second
+resolution, so claimants created in the same second are ordered by namespace/name (DESIGN.md ยง6).
+The oracle names exactly that one owner: an EPP that resolved a tie one way live and another after a
+restart must not pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 Obj = Mapping[str, Any]
@@ -23,7 +26,7 @@ class ExpectedState:
     target_port: int | None
     selector: Mapping[str, str]
     pods: Mapping[str, str]  # "ns/name" -> address
-    models: Mapping[str, frozenset[str]]  # modelName -> acceptable owners "ns/name"
+    models: Mapping[str, str]  # modelName -> owner "ns/name"
 
 
 @dataclass(frozen=True)
@@ -98,12 +101,9 @@ def expected_state(
         if (m["spec"].get("poolRef") or {}).get("name") != pool_name:
             continue
         claimants.setdefault(str(m["spec"]["modelName"]), []).append(m)
-    expected_models = {}
-    for model_name, objs in claimants.items():
-        oldest = min(o["metadata"]["creationTimestamp"] for o in objs)
-        expected_models[model_name] = frozenset(
-            _name(o) for o in objs if o["metadata"]["creationTimestamp"] == oldest
-        )
+    expected_models = {
+        model_name: _name(min(objs, key=_claim_order)) for model_name, objs in claimants.items()
+    }
     return ExpectedState(
         pool=(pool_namespace, pool_name),
         target_port=int(spec["targetPortNumber"]),
@@ -111,6 +111,12 @@ def expected_state(
         pods=expected_pods,
         models=expected_models,
     )
+
+
+def _claim_order(model: Obj) -> tuple[datetime, str, str]:
+    meta = model["metadata"]
+    created = datetime.fromisoformat(str(meta["creationTimestamp"]).replace("Z", "+00:00"))
+    return (created, str(meta.get("namespace", "")), str(meta["name"]))
 
 
 def observed_state(view: Obj) -> ObservedState:
@@ -141,9 +147,9 @@ def compare(expected: ExpectedState, observed: ObservedState) -> Verdict:
         if want != got:
             diffs.append(f"pod {key}: expected {want or 'absent'}, datastore has {got or 'absent'}")
     for name in sorted(set(expected.models) | set(observed.models)):
-        owners, got = expected.models.get(name), observed.models.get(name)
-        if owners is None:
+        owner, got = expected.models.get(name), observed.models.get(name)
+        if owner is None:
             diffs.append(f"model {name!r}: expected absent, datastore has {got}")
-        elif got not in owners:
-            diffs.append(f"model {name!r}: expected owner {sorted(owners)}, datastore has {got or 'absent'}")
+        elif got != owner:
+            diffs.append(f"model {name!r}: expected owner {owner}, datastore has {got or 'absent'}")
     return Verdict(expected, observed, tuple(diffs))

@@ -98,13 +98,14 @@ class Stack:
             opts.pool_name,
             opts.namespace,
             self.access.kubeconfig_path,
-            extra_args=list(opts.epp_args),
+            # One body limit for both: Envoy's buffer and the EPP's 413 (epp_args may still override).
+            extra_args=[f"--maxRequestBodyBytes={opts.envoy.buffer_limit_bytes}", *opts.epp_args],
             extra_env=dict(opts.epp_env),
         )
         self.epp.start()
         self.epp.wait_serving()
         self.wait_pods_scraped(opts.pods)
-        self.envoy = Envoy(self.epp.ext_proc_address, options=opts.envoy)
+        self.envoy = Envoy(self.epp.ext_proc_address, options=opts.envoy, ext_proc_tls=self.epp.ext_proc_tls)
         self.envoy.start()
 
     def stop(self) -> None:

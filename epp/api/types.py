@@ -104,6 +104,16 @@ class InferenceModel:
     created: datetime = _EPOCH
     deleting: bool = False
 
+    @property
+    def claim_order(self) -> tuple[datetime, NamespacedName]:
+        """Who owns a contested modelName: the smallest wins (DESIGN.md §6).
+
+        Oldest creationTimestamp first; those have one-second resolution, so equal ones are ordered by
+        namespace/name. Every path that decides ownership (an event, the pool's re-list after a
+        restart, a promotion) uses this one order, so they all agree.
+        """
+        return (self.created, self.key)
+
     @classmethod
     def from_api(cls, obj: Mapping[str, Any]) -> InferenceModel:
         spec = obj.get("spec") or {}

@@ -10,17 +10,11 @@ owned that name (epp-behaviour.md §9.7).
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 
 from epp.api import InferenceModel, NamespacedName, ObjectReader
 from epp.datastore import Datastore
 
 log = logging.getLogger(__name__)
-
-
-def age_order(model: InferenceModel) -> tuple[datetime, NamespacedName]:
-    """Sort key: oldest first; ties (timestamps have 1 s resolution) broken by namespace/name."""
-    return (model.created, model.key)
 
 
 class ModelReconciler:
@@ -60,6 +54,6 @@ class ModelReconciler:
             and m.key != removed.key
         ]
         if claimants:
-            winner = min(claimants, key=age_order)
+            winner = min(claimants, key=lambda m: m.claim_order)
             self._store.model_set_if_older(winner)
             log.info("model %s promoted for modelName %r", winner.key, winner.model_name)

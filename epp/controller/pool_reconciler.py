@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 
 from epp.api import InferencePool, NamespacedName, ObjectReader
-from epp.controller.model_reconciler import age_order
 from epp.datastore import Datastore
 
 log = logging.getLogger(__name__)
@@ -53,5 +52,5 @@ class PoolReconciler:
             if m.pool_name == pool.key.name and not m.deleting
         ]
         # Oldest first, so each modelName goes to its oldest claimant whatever the cache order.
-        for model in sorted(claims, key=age_order):
+        for model in sorted(claims, key=lambda m: m.claim_order):
             self._store.model_set_if_older(model)

@@ -27,6 +27,10 @@ class PodLifecycleListener(Protocol):
 
     def pod_removed(self, key: NamespacedName) -> None: ...
 
+    def pod_moved(self, key: NamespacedName, store: Datastore) -> None:
+        """The pod's address changed: a scrape of the old address in flight is now meaningless."""
+        ...
+
 
 class Datastore(Protocol):
     # --- pool -------------------------------------------------------------------------------
@@ -46,7 +50,7 @@ class Datastore(Protocol):
 
     # --- models -----------------------------------------------------------------------------
     def model_set_if_older(self, model: InferenceModel) -> bool:
-        """Store unless another object already owns the modelName with a strictly older timestamp."""
+        """Store unless another object owns the modelName and comes first in `claim_order`."""
         ...
 
     def model_get(self, model_name: str) -> InferenceModel | None: ...
@@ -72,8 +76,14 @@ class Datastore(Protocol):
 
     def pod_get_all(self) -> Sequence[PodMetrics]: ...
 
-    def pod_update_metrics_if_exist(self, key: NamespacedName, metrics: Metrics) -> bool:
-        """The prober's only write; a late scrape never resurrects a deleted pod."""
+    def pod_update_metrics_if_exist(
+        self, key: NamespacedName, metrics: Metrics, address: str | None = None
+    ) -> bool:
+        """The prober's only write; a late scrape never resurrects a deleted pod.
+
+        With `address` (where the scrape went), the write is dropped unless the pod is still there:
+        a scrape of an old address must not be stored as the pod's fresh metrics.
+        """
         ...
 
 

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# What `_put_pod` did to a pod, i.e. what the lifecycle listener must hear.
+_ADDED, _MOVED, _UNCHANGED = "added", "moved", "unchanged"
+
 
 class _Store:
     def __init__(self, listener: PodLifecycleListener | None) -> None:
@@ -29,7 +32,7 @@ class _Store:
         # readers. It is never held while calling out (listener, logging of other objects).
         self._lock = threading.Lock()
         self._pool: InferencePool | None = None
-        # modelName -> the object that currently owns it (oldest creationTimestamp wins).
+        # modelName -> the object that currently owns it (smallest `claim_order` wins).
         self._models: dict[str, InferenceModel] = {}
         self._pods: dict[NamespacedName, PodMetrics] = {}
         self._listener = listener
@@ -69,8 +72,12 @@ class _Store:
             for name in [n for n, m in self._models.items() if m.key == model.key and n != model.model_name]:
                 del self._models[name]
             existing = self._models.get(model.model_name)
-            if existing is not None and existing.key != model.key and existing.created <= model.created:
-                # Another object owns the name and is older, or equally old: the first owner keeps it.
+            if (
+                existing is not None
+                and existing.key != model.key
+                and existing.claim_order < model.claim_order
+            ):
+                # Another object owns the name and comes first in the one ownership order.
                 return False
             self._models[model.model_name] = model
             return True
@@ -94,10 +101,9 @@ class _Store:
     # --- pods ---------------------------------------------------------------------------------
     def pod_update_or_add(self, pod: PodObject) -> bool:
         with self._lock:
-            added = self._put_pod(pod)
-        if added:
-            self._notify(self._added, pod.key)
-        return added
+            change = self._put_pod(pod)
+        self._tell(change, pod.key)
+        return change is _ADDED
 
     def pod_delete(self, key: NamespacedName) -> None:
         with self._lock:
@@ -111,11 +117,11 @@ class _Store:
             removed = [key for key in self._pods if key not in wanted]
             for key in removed:
                 del self._pods[key]
-            added = [key for key, pod in wanted.items() if self._put_pod(pod)]
+            changes = [(self._put_pod(pod), key) for key, pod in wanted.items()]
         for key in removed:
             self._notify(self._removed, key)
-        for key in added:
-            self._notify(self._added, key)
+        for change, key in changes:
+            self._tell(change, key)
 
     def pod_get(self, key: NamespacedName) -> PodMetrics | None:
         with self._lock:
@@ -125,29 +131,42 @@ class _Store:
         with self._lock:
             return tuple(self._pods.values())
 
-    def pod_update_metrics_if_exist(self, key: NamespacedName, metrics: Metrics) -> bool:
+    def pod_update_metrics_if_exist(
+        self, key: NamespacedName, metrics: Metrics, address: str | None = None
+    ) -> bool:
         with self._lock:
             current = self._pods.get(key)
-            if current is None:
+            if current is None or (address is not None and current.pod.address != address):
                 return False
             self._pods[key] = PodMetrics(current.pod, metrics)
             return True
 
     # --- internals ----------------------------------------------------------------------------
-    def _put_pod(self, pod: PodObject) -> bool:
-        """Caller holds the lock. Replace the address keeping metrics; True if the key was new."""
+    def _put_pod(self, pod: PodObject) -> str:
+        """Caller holds the lock. Replace the address keeping metrics; what changed (`_ADDED`...)."""
         current = self._pods.get(pod.key)
         fresh = Pod(key=pod.key, address=pod.pod_ip)
         if current is None:
             self._pods[pod.key] = PodMetrics(fresh)
-            return True
+            return _ADDED
         if current.pod != fresh:
             self._pods[pod.key] = PodMetrics(fresh, current.metrics)
-        return False
+            return _MOVED if current.pod.address != fresh.address else _UNCHANGED
+        return _UNCHANGED
+
+    def _tell(self, change: str, key: NamespacedName) -> None:
+        if change is _ADDED:
+            self._notify(self._added, key)
+        elif change is _MOVED:
+            self._notify(self._moved, key)
 
     def _added(self, key: NamespacedName) -> None:
         if self._listener is not None:
             self._listener.pod_added(key, self)
+
+    def _moved(self, key: NamespacedName) -> None:
+        if self._listener is not None:
+            self._listener.pod_moved(key, self)
 
     def _removed(self, key: NamespacedName) -> None:
         if self._listener is not None:

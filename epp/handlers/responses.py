@@ -123,7 +123,9 @@ def error_body(error: EppError) -> bytes:
     payload = {
         "error": {"message": one_line(error.message), "type": error.metric_code, "code": error.http_status}
     }
-    return json.dumps(payload, ensure_ascii=False).encode()
+    # ASCII escapes: the message may quote a client's model name, which may hold a lone surrogate
+    # that no UTF-8 encoder accepts. JSON readers (every SDK) turn the escapes back into text.
+    return json.dumps(payload).encode()
 
 
 def immediate(error: EppError) -> bytes:

@@ -20,6 +20,8 @@ from typing import Any
 
 import grpc
 
+from epp.body import BodyScanner
+from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 from epp.handlers.responses import ConstantReplies, Destination
 from epp.handlers.stream import ExtProcStream, PodScheduler, ProtocolError, RoutingView, StreamDeps
 from epp.metrics import RequestMetrics
@@ -43,9 +45,14 @@ class ExtProcServicer:
         metadata_namespace: str,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+        body_scanner: BodyScanner | None = None,
     ) -> None:
         # Envoy hands header names over lower-cased; compare and mutate in that form.
         key = destination_header_key.lower()
+        # A scanner made here is ours to close (`aclose`); one passed in belongs to the caller.
+        self._own_scanner = body_scanner is None
+        scanner = body_scanner if body_scanner is not None else BodyScanner()
         self._deps = StreamDeps(
             datastore=datastore,
             scheduler=scheduler,
@@ -54,7 +61,14 @@ class ExtProcServicer:
             clock=clock,
             destination=Destination(key, metadata_namespace),
             replies=ConstantReplies.build(key),
+            body_scanner=scanner,
+            max_body_bytes=max_request_body_bytes,
         )
+
+    async def aclose(self) -> None:
+        """Stop the body-scanning child, if this servicer made the scanner (call after the server stops)."""
+        if self._own_scanner:
+            await self._deps.body_scanner.aclose()
 
     def new_stream(self) -> ExtProcStream:
         """The per-stream state machine on its own, fed serialised messages directly (no gRPC)."""
@@ -65,7 +79,7 @@ class ExtProcServicer:
         try:
             async for raw in requests:
                 try:
-                    reply, end = stream.handle(raw)
+                    reply, end = await stream.handle(raw)
                 except ProtocolError as exc:
                     problem = str(exc)
                 else:

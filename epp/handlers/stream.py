@@ -1,20 +1,28 @@
 """One ext_proc stream = one HTTP request: the per-stream state machine, free of gRPC.
 
-`ExtProcStream.handle(raw)` takes one serialised ProcessingRequest and returns the serialised reply
-(or None) and whether the stream should end. The servicer only moves bytes, so this class is where
-every protocol decision lives (DESIGN.md §2 Handlers, epp-behaviour.md §6):
+`await ExtProcStream.handle(raw)` takes one serialised ProcessingRequest and returns the serialised
+reply (or None) and whether the stream should end. The servicer only moves bytes, so this class is
+where every protocol decision lives (DESIGN.md §2 Handlers and §6, epp-behaviour.md §6):
 
 - request headers: remembered; a client-supplied destination hint is removed; a bodyless request
   (end_of_stream, e.g. GET) is routed at once to a random pod.
-- request body: chunks are accumulated until end_of_stream (or the one BUFFERED message); then the
-  JSON is parsed, the model resolved, a pod scheduled and the reply carries the destination as a
-  header and as dynamic metadata, with `model` and Content-Length rewritten when the target differs.
-  Each non-final chunk is answered by holding it back (clear_body), and the final reply then
+- request body: chunks are accumulated until the body is complete: end_of_stream, the one BUFFERED
+  message (Envoy says so in `protocol_config`), or as many bytes as the request's Content-Length.
+  More than `max_body_bytes` is refused with 413 at once, however it arrives. Then: no pool → 503
+  before anything else; the body is scanned (big ones in a child process, `epp.body`), the model
+  resolved, a pod scheduled, and the reply carries the destination as a header and as dynamic
+  metadata, with `model` spliced into the client's bytes and Content-Length set when the target
+  differs. Each non-final chunk is answered by holding it back (clear_body), and the final reply
   carries the whole body, so a split body still reaches the model server exactly once.
+- request trailers before the body is complete: a trailers reply cannot carry the held-back body,
+  so the request is refused with 400 and a message saying why, instead of waiting forever.
 - response headers/body: only observed (status, SSE, size, token usage), never changed.
 - any `EppError` becomes an ImmediateResponse and ends the stream; an unexpected exception on the
   request side becomes Internal (500) with its traceback logged; on the response side it is logged
   and the response continues untouched.
+
+Metric labels: `model_name` is the requested model only once it is known to the datastore; a name
+no InferenceModel claims is counted under `UNKNOWN_MODEL`, so clients cannot create series.
 """
 
 from __future__ import annotations
@@ -31,12 +39,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.message import DecodeError
 
 from epp.api.types import InferenceModel, InferencePool
+from epp.body import BodyScanner, with_model
 from epp.datastore.types import PodMetrics
-from epp.errors import EppError, Internal, NoEndpoints
+from epp.errors import BadRequest, EppError, Internal, NoEndpoints, PayloadTooLarge
 from epp.handlers import responses
-from epp.handlers.request import not_found, parse_body, pick_target, rewrite_model
+from epp.handlers.request import not_found, pick_target
 from epp.handlers.usage import MAX_JSON_RESPONSE_BYTES, SseUsageScanner, Usage, usage_from_json
-from epp.metrics import RequestMetrics
+from epp.metrics import UNKNOWN_MODEL, RequestMetrics
 from epp.scheduling import LLMRequest
 
 log = logging.getLogger(__name__)
@@ -45,6 +54,9 @@ _BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 _SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
 # Response statuses from which the request counts as a ModelServerError (once per stream).
 _FIRST_ERROR_STATUS = 400
+
+_REQUEST_SIDE = frozenset(("request_headers", "request_body", "request_trailers"))
+_NO_POOL = "no InferencePool is known to the endpoint picker"
 
 # What the response body is, for usage accounting.
 _UNKNOWN, _JSON, _SSE, _IGNORED = range(4)
@@ -79,6 +91,8 @@ class StreamDeps:
     clock: Callable[[], float]
     destination: responses.Destination
     replies: responses.ConstantReplies
+    body_scanner: BodyScanner
+    max_body_bytes: int
 
 
 def endpoint_of(pod: PodMetrics, pool: InferencePool) -> str:
@@ -103,7 +117,10 @@ class ExtProcStream:
 
     __slots__ = (
         "_body_chunks",
+        "_body_size",
         "_buffered_mode",
+        "_decided",
+        "_declared_length",
         "_deps",
         "_error_counted",
         "_json_body",
@@ -130,7 +147,10 @@ class ExtProcStream:
         self._received_at = deps.clock()
         self._buffered_mode = False
         self._body_chunks: list[bytes] = []
-        self._routed = False
+        self._body_size = 0
+        self._declared_length: int | None = None  # Content-Length of the request, when sent
+        self._routed = False  # a body was routed: the running-requests gauge counts this stream
+        self._decided = False  # a destination was sent (with or without a body): never a second one
         self._error_counted = False
         self._response_kind = _UNKNOWN
         self._sse = SseUsageScanner()
@@ -139,7 +159,7 @@ class ExtProcStream:
         self._response_done = False
 
     # --- entry points ----------------------------------------------------------------------------
-    def handle(self, raw: bytes) -> tuple[bytes | None, bool]:
+    async def handle(self, raw: bytes) -> tuple[bytes | None, bool]:
         """Reply to one serialised ProcessingRequest: (reply bytes or None, end the stream?)."""
         try:
             req = pb.ProcessingRequest.FromString(raw)
@@ -149,16 +169,18 @@ class ExtProcStream:
             self._buffered_mode = req.protocol_config.request_body_mode == _BUFFERED
         if req.observability_mode:
             # Envoy expects no reply in observability mode; what it tells us is still recorded.
-            return None, self._dispatch(req)[1]
-        return self._dispatch(req)
+            return None, (await self._dispatch(req))[1]
+        return await self._dispatch(req)
 
-    def _dispatch(self, req: pb.ProcessingRequest) -> tuple[bytes | None, bool]:
+    async def _dispatch(self, req: pb.ProcessingRequest) -> tuple[bytes | None, bool]:
         kind = req.WhichOneof("request")
-        if kind == "request_headers" or kind == "request_body":
+        if kind in _REQUEST_SIDE:
             try:
                 if kind == "request_headers":
                     return self._request_headers(req.request_headers), False
-                return self._request_body(req.request_body), False
+                if kind == "request_body":
+                    return await self._request_body(req.request_body), False
+                return self._request_trailers(), False
             except EppError as err:
                 return self._fail(err), True
             except Exception as exc:
@@ -180,8 +202,6 @@ class ExtProcStream:
                     "".join(traceback.format_exception(exc)),
                 )
             return self._deps.replies.response_body, False
-        if kind == "request_trailers":
-            return self._deps.replies.request_trailers, False
         if kind == "response_trailers":
             return self._deps.replies.response_trailers, False
         raise ProtocolError(f"unsupported ProcessingRequest: {kind or 'no message set'}")
@@ -199,10 +219,12 @@ class ExtProcStream:
         headers = self.headers
         for header in msg.headers.headers:
             name = header.key.lower()
-            headers[name] = _header_value(header)
+            value = headers[name] = _header_value(header)
             if name == key:
                 client_hint = True
-        if msg.end_of_stream:
+            elif name == "content-length":
+                self._declared_length = int(value) if value.isdigit() else None
+        if msg.end_of_stream and not self._decided:
             return self._route_bodyless()
         replies = self._deps.replies
         return replies.request_headers_strip if client_hint else replies.request_headers
@@ -210,13 +232,25 @@ class ExtProcStream:
     def _route_bodyless(self) -> bytes:
         pool, pods = self._pool_and_pods()
         endpoint = endpoint_of(self._deps.rng.choice(pods), pool)
+        self._decided = True
         return responses.route(self._deps.destination, endpoint, phase="request_headers")
 
-    def _request_body(self, msg: pb.HttpBody) -> bytes:
-        if self._routed:
-            # Already decided (e.g. a trailing chunk after a BUFFERED body): let it through unchanged.
+    async def _request_body(self, msg: pb.HttpBody) -> bytes:
+        if self._decided:
+            # Already decided (a trailing chunk after a BUFFERED body, a body after end_of_stream on
+            # the headers): let it through unchanged. One stream, one destination.
             return self._deps.replies.request_body
-        if not (msg.end_of_stream or self._buffered_mode):
+        self._body_size += len(msg.body)
+        limit = self._deps.max_body_bytes
+        if self._body_size > limit:
+            self._body_chunks = []
+            raise PayloadTooLarge(f"request body larger than the endpoint picker's limit of {limit} bytes")
+        complete = (
+            msg.end_of_stream
+            or self._buffered_mode
+            or (self._declared_length is not None and self._body_size >= self._declared_length)
+        )
+        if not complete:
             self._body_chunks.append(msg.body)
             return self._deps.replies.request_body_held
         split = bool(self._body_chunks)
@@ -226,19 +260,43 @@ class ExtProcStream:
             self._body_chunks = []
         else:
             raw = msg.body
+        return await self._route(raw, split)
+
+    def _request_trailers(self) -> bytes:
+        if not self._decided:
+            # A TrailersResponse cannot carry the body held back so far: refuse rather than hang.
+            raise BadRequest(
+                "request trailers arrived before the request body ended; the endpoint picker routes on "
+                "the whole body (send a Content-Length, or configure Envoy's request_body_mode BUFFERED)"
+            )
+        return self._deps.replies.request_trailers
+
+    async def _route(self, raw: bytes, split: bool) -> bytes:
         deps = self._deps
-        parsed = parse_body(raw)
-        self.model = parsed.model
-        model = deps.datastore.model_get(parsed.model)
+        pool = deps.datastore.pool_get()
+        if pool is None:
+            # Nothing is routable without a pool: 503 (retry later) before any model lookup, so a
+            # model that exists is never reported missing while the EPP is starting.
+            raise NoEndpoints(_NO_POOL)
+        scanned = await deps.body_scanner.scan(raw)
+        model = deps.datastore.model_get(scanned.model)
         if model is None:
-            raise not_found(parsed.model)
+            self.model = UNKNOWN_MODEL
+            raise not_found(scanned.model)
+        self.model = scanned.model
         target = pick_target(model, deps.rng)
         self.target = target
         pool, pods = self._pool_and_pods()
-        picked = deps.scheduler.schedule(LLMRequest(parsed.model, target, model.is_critical), pods)
+        picked = deps.scheduler.schedule(LLMRequest(scanned.model, target, model.is_critical), pods)
         endpoint = endpoint_of(picked, pool)
-        if target != parsed.model:
-            body = rewrite_model(parsed, target)
+        if target != scanned.model:
+            body = with_model(raw, scanned, target)
+            if len(body) > deps.max_body_bytes:
+                # Envoy's buffer has the same limit and would refuse the longer body anyway.
+                raise PayloadTooLarge(
+                    f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
+                    f"once its model is rewritten to {target}"
+                )
             reply = responses.route(
                 deps.destination, endpoint, phase="request_body", body=body, content_length=len(body)
             )
@@ -247,16 +305,16 @@ class ExtProcStream:
             reply = responses.route(
                 deps.destination, endpoint, phase="request_body", body=raw if split else None
             )
-        deps.metrics.request_routed(parsed.model, target, len(raw))
-        self._routed = True
+        deps.metrics.request_routed(scanned.model, target, len(raw))
+        self._routed = self._decided = True
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("routed model=%s target=%s to %s", parsed.model, target, endpoint)
+            log.debug("routed model=%s target=%s to %s", scanned.model, target, endpoint)
         return reply
 
     def _pool_and_pods(self) -> tuple[InferencePool, list[PodMetrics]]:
         pool = self._deps.datastore.pool_get()
         if pool is None:
-            raise NoEndpoints("no InferencePool is known to the endpoint picker")
+            raise NoEndpoints(_NO_POOL)
         pods = list(self._deps.datastore.pod_get_all())
         if not pods:
             raise NoEndpoints(f"no ready endpoints in InferencePool {pool.key.name}")

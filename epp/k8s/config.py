@@ -9,20 +9,63 @@ environment on its own: the entry point passes `os.environ` to `load_config`.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import ssl
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from epp.k8s.errors import KubeConfigError
+from epp.k8s.errors import KubeConfigError, KubeConnectionError
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = Path(".kube") / "config"
+
+
+class TokenFile:
+    """A bearer token kept in a file: re-read when the file changes, a read error never fatal.
+
+    Bound ServiceAccount tokens expire and the kubelet rotates them by swapping the projected
+    volume's `..data` link, so the file is checked (one `stat`) on every request and re-read only
+    when its identity, size or time changed. A read that fails after one succeeded keeps the last
+    token (still valid: the kubelet rotates well before expiry) and warns once per failure streak;
+    with no token read yet it raises `KubeConnectionError`, which the informer retries with backoff
+    like any unreachable API server (DESIGN.md §6).
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        # Touched only by the API client's requests, on the event loop.
+        self._token: str | None = None
+        self._stamp: tuple[int, int, int] | None = None
+        self._failing = False
+
+    def read(self) -> str:
+        try:
+            st = os.stat(self._path)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if stamp != self._stamp or self._token is None:
+                self._token = Path(self._path).read_text().strip()
+                self._stamp = stamp
+        except OSError as exc:
+            if self._token is None:
+                raise KubeConnectionError(f"cannot read the bearer token file {self._path}: {exc}") from exc
+            if not self._failing:
+                log.warning(
+                    "cannot re-read the bearer token file %s (%s); using the last token read", self._path, exc
+                )
+            self._failing = True
+            return self._token
+        if self._failing:
+            log.info("bearer token file %s readable again", self._path)
+            self._failing = False
+        return self._token
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,16 +75,24 @@ class KubeConfig:
     server: str
     ssl_context: ssl.SSLContext | None
     token: str = ""
-    # Read on every request: projected service-account tokens are rotated by the kubelet.
+    # Checked on every request: projected service-account tokens are rotated by the kubelet.
     token_file: str = ""
     tls_server_name: str = ""
     namespace: str = "default"
+    _token_source: TokenFile | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.token_file:
+            object.__setattr__(self, "_token_source", TokenFile(self.token_file))
 
     def authorization(self) -> str | None:
-        """The Authorization header value, or None when authenticating by client certificate only."""
+        """The Authorization header value, or None when authenticating by client certificate only.
+
+        Raises `KubeConnectionError` (retryable) when the token file has never been readable.
+        """
         token = self.token
-        if self.token_file:
-            token = Path(self.token_file).read_text().strip()
+        if self._token_source is not None:
+            token = self._token_source.read()
         return f"Bearer {token}" if token else None
 
 

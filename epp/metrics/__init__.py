@@ -5,6 +5,6 @@ registry, so tests and several EPPs in one process never share counters.
 """
 
 from epp.metrics.pool import PoolCollector
-from epp.metrics.requests import RequestMetrics
+from epp.metrics.requests import UNKNOWN_MODEL, RequestMetrics
 
-__all__ = ["PoolCollector", "RequestMetrics"]
+__all__ = ["UNKNOWN_MODEL", "PoolCollector", "RequestMetrics"]

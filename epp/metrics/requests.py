@@ -26,6 +26,11 @@ INPUT_TOKEN_BUCKETS = (
 OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 _MODEL_LABELS = ("model_name", "target_model_name")
+# The one `model_name` value of every request whose model the EPP does not know. Label values come
+# only from InferenceModels (set by the cluster's operators), never from what a client typed: a
+# client could otherwise create one series per made-up name (1,000 names made /metrics 2.25 MB).
+# Not a valid OpenAI model id, so no real model shares it.
+UNKNOWN_MODEL = "<unknown>"
 
 
 class RequestMetrics:

@@ -4,8 +4,21 @@ This is the only place that reads argv and the environment (STYLE habit 9); ever
 frozen `ServerConfig`. Like Go's `flag` package, a flag may be written with one dash or two, and as
 `-name value` or `-name=value`; durations are Go duration strings (`50ms`, `5s`, `1m30s`).
 `--bindAddress` is ours (not upstream): tests and the harness bind to loopback only.
+`--debugPort`/`--debugBindAddress` are ours: the datastore debug view has its own listener, on
+127.0.0.1 unless asked otherwise (DESIGN.md §6). `--metricsBindAddress` (ours) puts /metrics alone on
+another address, e.g. loopback behind an authenticating proxy.
+`--maxRequestBodyBytes` is ours too (DESIGN.md §6: a request body has a size limit).
 `--refreshPrometheusMetricsInterval` is accepted for compatibility but has nothing to drive: pool
 gauges are computed at scrape time (epp.metrics.pool).
+
+Logging: upstream's manifests pass controller-runtime's zap flags, so they are accepted and mapped
+to Python logging: `--zap-log-level` (debug, info, error, panic, or a number N meaning `-v N`)
+overrides `-v`; `--zap-encoder` json|console; `--zap-devel` means debug level unless a level is
+given. `--zap-stacktrace-level` and `--zap-time-encoding` are accepted and checked but change
+nothing: Python logs a traceback with every error it reports, and JSON lines carry epoch seconds.
+
+A value that cannot work (a NaN threshold, metrics refreshed less often than they go stale) is a
+`FlagError` naming the flag or environment variable: the EPP exits with 2 instead of starting.
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from epp import config as defaults
-from epp.config import MetricNames, ProberConfig, SchedulerConfig, ServerConfig
+from epp.config import ConfigError, MetricNames, ProberConfig, SchedulerConfig, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +46,44 @@ class FlagError(ValueError):
     """Bad command line; the message says which flag and why."""
 
 
+# zap's named levels, as Python levels (zap's dpanic/panic/fatal all mean "only the worst").
+_ZAP_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "dpanic": logging.CRITICAL,
+    "panic": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+}
+LOG_ENCODERS = ("console", "json")
+_ZAP_TIME_ENCODINGS = ("epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano")
+
+# Where each setting comes from, to name it in an error (see ConfigError.setting).
+_SOURCES = {
+    "kv_cache_threshold": "KV_CACHE_THRESHOLD",
+    "queue_threshold_critical": "QUEUE_THRESHOLD_CRITICAL",
+    "queueing_threshold_lora": "QUEUING_THRESHOLD_LORA",
+    "lora_affinity_threshold": "LORA_AFFINITY_THRESHOLD",
+    "metrics_staleness_threshold": "--metricsStalenessThreshold",
+    "refresh_interval": "--refreshMetricsInterval",
+    "refresh_prometheus_metrics_interval": "--refreshPrometheusMetricsInterval",
+    "max_request_body_bytes": "--maxRequestBodyBytes",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Flags:
     config: ServerConfig
     verbosity: int = DEFAULT_VERBOSITY
+    # `--zap-log-level` (or `--zap-devel`), which wins over `-v`; None when not given.
+    level_override: int | None = None
+    log_encoder: str = "console"
 
     @property
     def log_level(self) -> int:
+        if self.level_override is not None:
+            return self.level_override
         return logging.DEBUG if self.verbosity >= DEBUG_VERBOSITY else logging.INFO
 
 
@@ -74,6 +118,39 @@ def _positive_duration(text: str) -> float:
     if seconds <= 0:
         raise ValueError(f"duration must be positive, got {text!r}")
     return seconds
+
+
+_BYTE_UNITS = {"": 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+_BYTE_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi)?")
+
+
+def parse_byte_size(text: str) -> int:
+    """Bytes from `16777216` or a Kubernetes-style binary suffix: `512Ki`, `16Mi`, `1Gi`."""
+    match = _BYTE_SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"invalid size {text!r} (expected e.g. 16777216, 512Ki, 16Mi)")
+    return int(match.group(1)) * _BYTE_UNITS[match.group(2) or ""]
+
+
+def _zap_level(text: str) -> int:
+    """A zap level name, or a number N > 0 meaning verbosity N (as `-v N`)."""
+    if text.isdigit() and int(text) > 0:
+        return logging.DEBUG if int(text) >= DEBUG_VERBOSITY else logging.INFO
+    try:
+        return _ZAP_LEVELS[text.lower()]
+    except KeyError:
+        raise ValueError(
+            f"invalid zap log level {text!r} (debug, info, error, panic or a number > 0)"
+        ) from None
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"invalid value {text!r} (one of: {', '.join(allowed)})")
+        return text
+
+    return parse
 
 
 def _port(text: str) -> int:
@@ -123,7 +200,24 @@ def _parser() -> _Parser:
     p.add_argument("--grpcPort", type=port, default=defaults.DEFAULT_GRPC_PORT, help="ext_proc port.")
     p.add_argument("--grpcHealthPort", type=port, default=defaults.DEFAULT_GRPC_HEALTH_PORT)
     p.add_argument("--metricsPort", type=port, default=defaults.DEFAULT_METRICS_PORT)
-    p.add_argument("--bindAddress", default="0.0.0.0", help="Address every server binds to (not upstream).")
+    p.add_argument(
+        "--bindAddress",
+        default="0.0.0.0",
+        help="Address ext_proc, health and /metrics bind to (not upstream).",
+    )
+    p.add_argument(
+        "--debugPort", type=port, default=defaults.DEFAULT_DEBUG_PORT, help="/debug/datastore port."
+    )
+    p.add_argument(
+        "--metricsBindAddress",
+        default="",
+        help="Address of /metrics alone; empty: --bindAddress (not upstream).",
+    )
+    p.add_argument(
+        "--debugBindAddress",
+        default=defaults.DEFAULT_DEBUG_BIND_ADDRESS,
+        help="Address of /debug/datastore; loopback unless you mean to expose it (not upstream).",
+    )
     p.add_argument(
         "--refreshMetricsInterval", type=duration, default=defaults.DEFAULT_REFRESH_METRICS_INTERVAL
     )
@@ -151,6 +245,26 @@ def _parser() -> _Parser:
     )
     p.add_argument(
         "--kubeconfig", default="", help="Kubeconfig path; empty: $KUBECONFIG, in-cluster, ~/.kube."
+    )
+    p.add_argument(
+        "--maxRequestBodyBytes",
+        type=_typed(parse_byte_size, "size"),
+        default=defaults.DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="Largest request body accepted (413 above it); bytes or 512Ki/16Mi/1Gi (not upstream).",
+    )
+    # controller-runtime's zap flags, as upstream's manifests pass them (see the module docstring).
+    p.add_argument(
+        "--zap-log-level", dest="zap_log_level", type=_typed(_zap_level, "zap level"), default=None
+    )
+    p.add_argument("--zap-encoder", dest="zap_encoder", type=_typed(_choice(*LOG_ENCODERS), "encoder"))
+    p.add_argument("--zap-devel", dest="zap_devel", type=go_bool, nargs="?", const=True, default=False)
+    p.add_argument(
+        "--zap-stacktrace-level", dest="zap_stacktrace_level", type=_typed(_zap_level, "zap level")
+    )
+    p.add_argument(
+        "--zap-time-encoding",
+        dest="zap_time_encoding",
+        type=_typed(_choice(*_ZAP_TIME_ENCODINGS), "encoding"),
     )
     return p
 
@@ -206,6 +320,23 @@ def parse_flags(argv: Sequence[str], environ: Mapping[str, str]) -> Flags:
     ns = _parser().parse_args(go_style(argv))
     if not ns.poolName:
         raise FlagError("--poolName must not be empty")
+    if ns.refreshMetricsInterval > ns.metricsStalenessThreshold:
+        raise FlagError(
+            f"--refreshMetricsInterval ({ns.refreshMetricsInterval}s) must not be longer than "
+            f"--metricsStalenessThreshold ({ns.metricsStalenessThreshold}s): every pod would look stale"
+        )
+    try:
+        config = _server_config(ns, environ)
+    except ConfigError as exc:
+        source = _SOURCES.get(exc.setting, exc.setting)
+        raise FlagError(f"{source}={exc.value!r}: {exc.rule}") from exc
+    level = ns.zap_log_level
+    if level is None and ns.zap_devel:
+        level = logging.DEBUG  # controller-runtime's development mode logs at debug
+    return Flags(config=config, verbosity=ns.v, level_override=level, log_encoder=ns.zap_encoder or "console")
+
+
+def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
     kv_metric = ns.kvCacheUsagePercentageMetric
     names = MetricNames(
         queued_requests=ns.totalQueuedRequestsMetric,
@@ -218,20 +349,23 @@ def parse_flags(argv: Sequence[str], environ: Mapping[str, str]) -> Flags:
         ),
         lora_info=ns.loraInfoMetric,
     )
-    config = ServerConfig(
+    return ServerConfig(
         pool_name=ns.poolName,
         pool_namespace=ns.poolNamespace,
         grpc_port=ns.grpcPort,
         grpc_health_port=ns.grpcHealthPort,
         metrics_port=ns.metricsPort,
         bind_address=ns.bindAddress,
+        metrics_bind_address=ns.metricsBindAddress,
+        debug_port=ns.debugPort,
+        debug_bind_address=ns.debugBindAddress,
         secure_serving=ns.secureServing,
         cert_path=ns.certPath,
         destination_endpoint_hint_key=ns.destinationEndpointHintKey,
         destination_endpoint_hint_metadata_namespace=ns.DestinationEndpointHintMetadataNamespace,
         refresh_prometheus_metrics_interval=ns.refreshPrometheusMetricsInterval,
         kubeconfig=ns.kubeconfig,
+        max_request_body_bytes=ns.maxRequestBodyBytes,
         scheduler=scheduler_config(environ, ns.metricsStalenessThreshold),
         prober=ProberConfig(refresh_interval=ns.refreshMetricsInterval, metric_names=names),
     )
-    return Flags(config=config, verbosity=ns.v)

@@ -1,4 +1,8 @@
-"""The metrics port: Prometheus `/metrics` and the read-only datastore view `/debug/datastore`.
+"""The HTTP listeners: Prometheus `/metrics`, and the read-only datastore view `/debug/datastore`.
+
+They are separate listeners because they face different readers: /metrics binds `--bindAddress` so
+Prometheus can scrape it from other pods, while the debug view, which dumps every pod address and
+model unauthenticated, binds 127.0.0.1 unless `--debugBindAddress` says otherwise (DESIGN.md §6).
 
 The debug view is the harness's consistency oracle (DESIGN.md §2, Debug snapshot): pool, models and
 pods as the datastore holds them right now, with each pod's metrics and their age. GET only; both
@@ -106,20 +110,26 @@ def _pod(pod: PodMetrics, now: float) -> dict[str, Any]:
     }
 
 
-def metrics_app(
-    registry: CollectorRegistry,
-    datastore: DatastoreView,
-    clock: Callable[[], float],
-    watches: WatchProgressSource = no_watches,
-) -> web.Application:
+def metrics_app(registry: CollectorRegistry) -> web.Application:
+    """/metrics, for the metrics listener (reachable by Prometheus: `--bindAddress`)."""
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get(METRICS_PATH, metrics, allow_head=False)
+    return app
+
+
+def debug_app(
+    datastore: DatastoreView, clock: Callable[[], float], watches: WatchProgressSource = no_watches
+) -> web.Application:
+    """/debug/datastore, for its own listener (loopback by default: `--debugBindAddress`)."""
 
     async def debug(_: web.Request) -> web.Response:
         return web.json_response(debug_view(datastore, clock(), watches()))
 
     app = web.Application()
-    app.router.add_get(METRICS_PATH, metrics, allow_head=False)
     app.router.add_get(DEBUG_DATASTORE_PATH, debug, allow_head=False)
     return app
 

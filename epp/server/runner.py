@@ -35,7 +35,7 @@ from epp.k8s.controllers import WatchProgress
 from epp.metrics import PoolCollector, RequestMetrics
 from epp.scheduling import Scheduler
 from epp.server.health import HealthServicer
-from epp.server.http import bind_socket, metrics_app
+from epp.server.http import bind_socket, debug_app, metrics_app
 from epp.server.supervisor import Supervisor
 from epp.server.tls import server_key_pair
 
@@ -201,6 +201,15 @@ class Epp:
         return self._ports["metrics"]
 
     @property
+    def debug_port(self) -> int:
+        """The port of /debug/datastore, on `debug_address`."""
+        return self._ports["debug"]
+
+    @property
+    def debug_address(self) -> str:
+        return self._config.debug_bind_address
+
+    @property
     def tls_certificate(self) -> bytes | None:
         """The ext_proc server's certificate (PEM) when serving TLS, e.g. to trust a self-signed one."""
         return self._certificate
@@ -237,10 +246,24 @@ class Epp:
             metadata_namespace=config.destination_endpoint_hint_metadata_namespace,
             rng=self._rng,
             clock=self._clock,
+            max_request_body_bytes=config.max_request_body_bytes,
         )
+        # Registered before the ext_proc server, so it runs after the server has stopped (reverse
+        # order): streams in their grace period may still be scanning a body.
+        sup.on_stop("body-scanner", servicer.aclose)
         await self._start_ext_proc(servicer)
         await self._start_health(HealthServicer(store.pool_has_synced))
-        await self._start_metrics_http(store)
+        metrics_address = config.metrics_bind_address or config.bind_address
+        await self._start_http(
+            "metrics-http", "metrics", metrics_app(self._registry), metrics_address, config.metrics_port
+        )
+        await self._start_http(
+            "debug-http",
+            "debug",
+            debug_app(store, self._clock, self._watch_progress),
+            config.debug_bind_address,
+            config.debug_port,
+        )
 
         controllers = self._controllers = self._controllers_factory(store)
         sup.spawn("controllers", controllers.run())
@@ -251,8 +274,9 @@ class Epp:
             host_port(config.bind_address, self.grpc_port),
             "TLS" if config.secure_serving else "plaintext",
             host_port(config.bind_address, self.health_port),
-            host_port(config.bind_address, self.metrics_port),
+            host_port(metrics_address, self.metrics_port),
         )
+        log.info("datastore debug view on %s", host_port(config.debug_bind_address, self.debug_port))
 
     def _watch_progress(self) -> Sequence[WatchProgress]:
         # The metrics port serves before the controllers exist: no watches to report yet.
@@ -310,19 +334,18 @@ class Epp:
             raise
         await self._start_grpc("grpc-health", "health", server, port)
 
-    async def _start_metrics_http(self, store: Datastore) -> None:
-        app = metrics_app(self._registry, store, self._clock, self._watch_progress)
+    async def _start_http(self, task: str, port_key: str, app: web.Application, host: str, port: int) -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         sock = None
         try:
-            sock = bind_socket(self._config.bind_address, self._config.metrics_port)
-            self._ports["metrics"] = sock.getsockname()[1]
+            sock = bind_socket(host, port)
+            self._ports[port_key] = sock.getsockname()[1]
             await web.SockSite(runner, sock).start()
         except BaseException:
             await runner.cleanup()
             if sock is not None:
                 sock.close()
             raise
-        self._supervisor.on_stop("metrics-http", runner.cleanup)
-        self._supervisor.spawn("metrics-http", _serving())
+        self._supervisor.on_stop(task, runner.cleanup)
+        self._supervisor.spawn(task, _serving())

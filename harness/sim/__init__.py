@@ -6,7 +6,8 @@ From sync code: ``handle = ModelServerSim("127.0.0.3").start_in_thread()`` ... `
 
 from harness.sim._config import SimConfig
 from harness.sim._engine import EngineState
+from harness.sim._received import ReceivedRequest
 from harness.sim._server import SERVED_BY_HEADER, ModelServerSim
 from harness.sim._thread import SimThread
 
-__all__ = ["SERVED_BY_HEADER", "EngineState", "ModelServerSim", "SimConfig", "SimThread"]
+__all__ = ["SERVED_BY_HEADER", "EngineState", "ModelServerSim", "ReceivedRequest", "SimConfig", "SimThread"]

@@ -19,6 +19,7 @@ from harness.sim import _openai as oai
 from harness.sim._config import DEFAULT_PORT, SimConfig
 from harness.sim._engine import Engine, EngineState, Run
 from harness.sim._metrics import GaugeOverrides, SimMetrics
+from harness.sim._received import ReceivedLog, ReceivedRequest
 
 if TYPE_CHECKING:
     from harness.sim._thread import SimThread
@@ -52,6 +53,7 @@ class ModelServerSim:
         self._adapters: frozenset[str] = frozenset(self.config.lora_adapters)
         self._counts_lock = threading.Lock()
         self._counts: collections.Counter[str] = collections.Counter()
+        self._received = ReceivedLog()
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._created = int(time.time())
@@ -162,6 +164,10 @@ class ModelServerSim:
         with self._counts_lock:
             return dict(self._counts)
 
+    def received_requests(self) -> list[ReceivedRequest]:
+        """Generation requests as they arrived (headers with repeats, raw body), oldest first."""
+        return self._received.snapshot()
+
     @property
     def lora_adapters(self) -> frozenset[str]:
         return self._adapters
@@ -246,6 +252,7 @@ class ModelServerSim:
 
     async def _generate(self, request: web.Request, kind: oai.Kind) -> web.StreamResponse:
         cfg = self.config
+        self._received.record(request.method, request.path, request.raw_headers, await request.read())
         try:
             parsed = oai.parse_request(kind, await _read_json(request))
             model = cfg.model if parsed.model is None else parsed.model  # vLLM's default model

@@ -6,11 +6,15 @@ per-request timeout, so a slow pod only makes its own metrics stale.
 
 Each pass re-reads the pod and the pool from the store: the address may have changed, and the port
 comes from the pool on every scrape (upstream #417 froze it at add time). The result is written
-with `pod_update_metrics_if_exist`, so a scrape that lands after the pod was deleted never brings it
-back. Scrape, then sleep: the first scrape is immediate, as in v0.2/v0.3.
+with `pod_update_metrics_if_exist` for the address scraped, so a scrape that lands after the pod
+was deleted never brings it back, and one of an address the pod no longer has is dropped. An
+address change restarts the pod's loop (`pod_moved`): the scrape in flight to the old address,
+which may hang until its timeout, is cancelled and the new address is scraped at once. Scrape, then
+sleep: the first scrape is immediate, as in v0.2/v0.3.
 
 `PodRefreshers` owns every task it starts (STYLE habit 6): `pod_removed` cancels one (twice is
-harmless), `aclose()` cancels and awaits all of them; nothing else creates these tasks.
+harmless), `pod_moved` replaces one, `aclose()` cancels and awaits all of them; nothing else creates
+these tasks.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class PodRefreshers:
         self._clock = clock
         # Touched only on the loop thread (calls from other threads are forwarded to it).
         self._tasks: dict[NamespacedName, asyncio.Task[None]] = {}
+        # Cancelled but not finished yet (a removed or moved pod's loop): aclose() waits for these too.
+        self._stopping: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @classmethod
@@ -78,6 +84,12 @@ class PodRefreshers:
         else:
             self._loop.call_soon_threadsafe(self._stop, key)
 
+    def pod_moved(self, key: NamespacedName, store: Datastore) -> None:
+        if self._on_loop():
+            self._restart(key, store)
+        else:
+            self._loop.call_soon_threadsafe(self._restart, key, store)
+
     # --- ownership -------------------------------------------------------------------------------
     def active(self) -> frozenset[NamespacedName]:
         """Pods with a live refresher (for the debug view and tests)."""
@@ -86,7 +98,7 @@ class PodRefreshers:
     async def aclose(self) -> None:
         """Cancel every refresher and wait until they have all finished; later adds are ignored."""
         self._closed = True
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._stopping]
         self._tasks.clear()
         for task in tasks:
             task.cancel()
@@ -113,8 +125,16 @@ class PodRefreshers:
         task = self._tasks.pop(key, None)
         if task is not None:
             task.cancel()
+            self._stopping.add(task)
+
+    def _restart(self, key: NamespacedName, store: Datastore) -> None:
+        """New address: drop the scrape in flight (the old address may hang) and scrape the new one now."""
+        if key in self._tasks:
+            self._stop(key)
+            self._start(key, store)
 
     def _forget(self, key: NamespacedName, task: asyncio.Task[None]) -> None:
+        self._stopping.discard(task)
         if self._tasks.get(key) is task:
             del self._tasks[key]
         if not task.cancelled() and task.exception() is not None:
@@ -141,7 +161,8 @@ class PodRefreshers:
         pool = store.pool_get()
         if pod is None or pool is None:
             return
-        text = await self._fetcher.fetch(pod.pod.address, pool.target_port)
+        address = pod.pod.address
+        text = await self._fetcher.fetch(address, pool.target_port)
         result = parse_page(text, self._plan, pod.metrics, self._clock())
         if result.errors:
             if logger.isEnabledFor(logging.DEBUG):
@@ -149,4 +170,6 @@ class PodRefreshers:
             if result.families_found == 0:
                 # Nothing learnt (wrong page?): keep the old snapshot so its age shows it is stale.
                 return
-        store.pod_update_metrics_if_exist(key, result.metrics)
+        # Stored only if the pod still has the address scraped: a page of its old address would
+        # otherwise pass for fresh metrics of the new one.
+        store.pod_update_metrics_if_exist(key, result.metrics, address=address)

@@ -216,6 +216,59 @@ def test_address_change_keeps_metrics_and_moves_the_scrape() -> None:
     run(scenario)
 
 
+def test_an_address_change_cancels_the_scrape_of_the_old_address() -> None:
+    """The old address may hang for the whole scrape timeout: the new one is scraped at once instead."""
+
+    async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
+        key = NamespacedName(NS, "p1")
+        entered, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def old_address_hangs() -> None:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        fetcher.hooks["10.0.0.1"] = old_address_hangs
+        fetcher.waiting.update({"10.0.0.1": 7, "10.0.0.9": 9})
+        store.pod_update_or_add(pod("p1", "10.0.0.1"))
+        await entered.wait()
+        store.pod_update_or_add(pod("p1", "10.0.0.9"))
+
+        async def new_address_scraped() -> None:
+            got = store.pod_get(key)
+            assert got is not None
+            assert (got.pod.address, got.metrics.waiting_queue_size) == ("10.0.0.9", 9)
+
+        await eventually_async(new_address_scraped)
+        assert cancelled.is_set()
+        assert len(refresher_tasks()) == 1
+
+    run(scenario, interval=NEVER)
+
+
+def test_a_scrape_of_the_old_address_that_lands_after_the_change_is_dropped() -> None:
+    """Its page describes a server the pod no longer is; stored, it would look fresh for 2 s."""
+
+    async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
+        key = NamespacedName(NS, "p1")
+
+        async def move_while_fetching() -> None:
+            store.pod_update_or_add(pod("p1", "10.0.0.9"))  # then this fetch returns the old page
+
+        fetcher.hooks["10.0.0.1"] = move_while_fetching
+        fetcher.waiting.update({"10.0.0.1": 7, "10.0.0.9": 9})
+        store.pod_update_or_add(pod("p1", "10.0.0.1"))
+        await eventually_async(lambda: _assert_scraped(store, key))
+        got = store.pod_get(key)
+        assert got is not None
+        assert got.metrics.waiting_queue_size == 9, "metrics of the old address were stored"
+
+    run(scenario, interval=NEVER)
+
+
 def test_stop_cancels_the_task_and_double_stop_is_safe() -> None:
     """#3/#20/#824: removing a pod ends its loop; a second stop does nothing."""
 

@@ -92,10 +92,17 @@ def older_claimant_takes_over(w: World) -> None:
     w.model_event(model("old", "llama", age_s=0).build())
 
 
-def tie_keeps_first_owner(w: World) -> None:
+def tie_goes_to_the_first_name(w: World) -> None:
+    """Timestamps have one-second resolution: equal ones are ordered by namespace/name (DESIGN §6)."""
     with_pool(w)
     w.model_event(model("b", "llama", age_s=5).build())
     w.model_event(model("a", "llama", age_s=5).build())
+
+
+def tie_first_name_arrives_first(w: World) -> None:
+    with_pool(w)
+    w.model_event(model("a", "llama", age_s=5).build())
+    w.model_event(model("b", "llama", age_s=5).build())
 
 
 def owner_deleted_next_oldest_promoted(w: World) -> None:
@@ -162,7 +169,8 @@ def never_stored_deleted(w: World) -> None:
         pytest.param(loser_deleted, {"llama": "owner"}, id="deleted-loser-does-not-evict-owner"),
         pytest.param(newer_claimant_rejected, {"llama": "old"}, id="oldest-wins-newer-rejected"),
         pytest.param(older_claimant_takes_over, {"llama": "old"}, id="oldest-wins-older-takes-over"),
-        pytest.param(tie_keeps_first_owner, {"llama": "b"}, id="equal-age-keeps-existing"),
+        pytest.param(tie_goes_to_the_first_name, {"llama": "a"}, id="equal-age-first-name-takes-over"),
+        pytest.param(tie_first_name_arrives_first, {"llama": "a"}, id="equal-age-first-name-keeps-it"),
         pytest.param(owner_deleted_next_oldest_promoted, {"llama": "middle"}, id="owner-deleted-promotes"),
         pytest.param(owner_moved_next_oldest_promoted, {"llama": "next"}, id="owner-moved-promotes"),
         pytest.param(owner_deleted_no_claimant, {}, id="owner-deleted-nothing-to-promote"),
@@ -179,6 +187,22 @@ def test_model_events(scenario: Callable[[World], None], owners: dict[str, str])
     w = World()
     scenario(w)
     assert w.model_owners() == owners
+
+
+@pytest.mark.parametrize("arrival", [("a", "b"), ("b", "a")], ids=["a-then-b", "b-then-a"])
+def test_equal_creation_seconds_resolve_alike_live_and_after_a_relist(arrival: tuple[str, str]) -> None:
+    """One order everywhere: events one by one (live) and the pool's re-list (a restart) agree."""
+    live = World()
+    with_pool(live)
+    for name in arrival:
+        live.model_event(model(name, "llama", age_s=5).build())
+
+    restarted = World()
+    for name in arrival:
+        restarted.put(model(name, "llama", age_s=5).build())
+    with_pool(restarted)  # the pool's arrival lists every model, as after a restart or relist
+
+    assert live.model_owners() == restarted.model_owners() == {"llama": "a"}
 
 
 def test_owner_update_overwrites_its_own_entry() -> None:

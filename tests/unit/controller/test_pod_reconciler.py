@@ -145,7 +145,8 @@ def test_update_keeps_metrics() -> None:
     assert stored is not None
     assert stored.pod.address == "10.0.0.9"
     assert stored.metrics == metrics
-    assert w.listener.calls == [("added", P1)]  # an update neither restarts nor stops the refresher
+    # An update never stops the refresher; a new address restarts its scrape (pod_moved).
+    assert w.listener.calls == [("added", P1), ("moved", P1)]
 
 
 def test_late_scrape_never_resurrects_a_deleted_pod() -> None:

@@ -59,6 +59,9 @@ class Listener:
     def pod_removed(self, key: NamespacedName) -> None:
         self.calls.append(("removed", key))
 
+    def pod_moved(self, key: NamespacedName, store: Datastore) -> None:
+        self.calls.append(("moved", key))
+
 
 class World:
     """Reader + real datastore + the three reconcilers for pool `ns1/pool`."""

@@ -51,6 +51,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.seen_by_add: list[bool] = []
+        self.moved_to: list[str] = []
         self.store: Datastore | None = None
 
     def pod_added(self, key: NamespacedName, store: Datastore) -> None:
@@ -63,6 +64,12 @@ class Recorder:
         self.calls.append(("removed", key.name))
         assert self.store is not None
         assert self.store.pod_get(key) is None
+
+    def pod_moved(self, key: NamespacedName, store: Datastore) -> None:
+        self.calls.append(("moved", key.name))
+        stored = store.pod_get(key)  # outside the lock, and already at the new address
+        assert stored is not None
+        self.moved_to.append(stored.pod.address)
 
 
 @pytest.fixture
@@ -88,8 +95,10 @@ def test_add_then_update_keeps_metrics_and_changes_address(store: Datastore, rec
     assert stored is not None
     assert stored.pod.address == "10.0.0.2"
     assert stored.metrics == metrics
-    assert recorder.calls == [("added", "p1")]
+    # The prober hears of the move (its scrape of the old address is void), after the store changed.
+    assert recorder.calls == [("added", "p1"), ("moved", "p1")]
     assert recorder.seen_by_add == [True]
+    assert recorder.moved_to == ["10.0.0.2"]
 
 
 def test_pod_is_keyed_by_name_only(store: Datastore) -> None:
@@ -98,6 +107,23 @@ def test_pod_is_keyed_by_name_only(store: Datastore) -> None:
     assert [pm.pod.address for pm in store.pod_get_all()] == ["10.0.0.9"]
     store.pod_delete(key("p1"))
     assert store.pod_get_all() == ()
+
+
+def test_same_address_is_not_a_move(store: Datastore, recorder: Recorder) -> None:
+    store.pod_update_or_add(pod("p1", "10.0.0.1"))
+    store.pod_update_or_add(pod("p1", "10.0.0.1"))
+    store.pod_resync([pod("p1", "10.0.0.1")])
+    assert recorder.calls == [("added", "p1")]
+
+
+def test_metrics_of_an_old_address_are_not_written(store: Datastore) -> None:
+    store.pod_update_or_add(pod("p1", "10.0.0.1"))
+    store.pod_update_or_add(pod("p1", "10.0.0.2"))
+    assert not store.pod_update_metrics_if_exist(key("p1"), Metrics(updated_at=1.0), address="10.0.0.1")
+    assert store.pod_update_metrics_if_exist(key("p1"), Metrics(updated_at=2.0), address="10.0.0.2")
+    stored = store.pod_get(key("p1"))
+    assert stored is not None
+    assert stored.metrics.updated_at == 2.0
 
 
 @pytest.mark.timeout(10)
@@ -132,7 +158,7 @@ def test_resync_makes_the_set_exact_and_keeps_metrics(store: Datastore, recorder
     stays = store.pod_get(key("stays"))
     assert stays is not None
     assert stays.metrics == metrics
-    assert recorder.calls == [("removed", "goes"), ("added", "new")]
+    assert recorder.calls == [("removed", "goes"), ("moved", "stays"), ("added", "new")]
 
 
 # --- pool -------------------------------------------------------------------------------------
@@ -195,9 +221,8 @@ def test_store_without_listener(store: Datastore) -> None:
         ),
         pytest.param(model("old", "llama", 0), model("new", "llama", 10), "old", id="newer-rejected"),
         pytest.param(model("new", "llama", 10), model("old", "llama", 0), "old", id="strictly-older-wins"),
-        pytest.param(
-            model("first", "llama", 5), model("second", "llama", 5), "first", id="tie-keeps-existing"
-        ),
+        pytest.param(model("a", "llama", 5), model("b", "llama", 5), "a", id="tie-first-name-keeps-it"),
+        pytest.param(model("b", "llama", 5), model("a", "llama", 5), "a", id="tie-first-name-takes-over"),
     ],
 )
 def test_model_set_if_older(

@@ -25,7 +25,14 @@ from google.protobuf import struct_pb2
 from harness.addresses import AddressPool
 from harness.binaries import envoy_path
 from harness.certs import TinyCA
-from harness.envoy import DESTINATION_HEADER, Envoy, EnvoyOptions, bootstrap_json, build_bootstrap
+from harness.envoy import (
+    DESTINATION_HEADER,
+    Envoy,
+    EnvoyOptions,
+    ExtProcTls,
+    bootstrap_json,
+    build_bootstrap,
+)
 from harness.eventually import eventually_async
 from harness.ports import reserve_port
 from harness.process import ProcessStartError
@@ -43,12 +50,14 @@ class FakePicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.destination = ""  # host:port, set once the target simulator listens
+        self.streams = 0
         self.request_body_sizes: list[int] = []
         self.response_body_chunks = 0
 
     async def Process(
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
+        self.streams += 1
         async for request in requests:
             kind = request.WhichOneof("request")
             if kind == "request_headers":
@@ -65,10 +74,21 @@ class FakePicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 raise AssertionError(f"unexpected ext_proc message {kind}")
 
 
+# The name Envoy expects on the picker's certificate (a Service DNS name, as in a cluster).
+PICKER_NAME = "epp.harness-test.svc"
+
+
 @contextlib.asynccontextmanager
-async def fake_ext_proc(picker: FakePicker) -> AsyncIterator[str]:
-    """The picker on grpc.aio over TLS (a throw-away certificate) at 127.0.0.1:<free port>."""
-    pair = TinyCA().issue_serving(dns_names=["localhost"], ips=["127.0.0.1"])
+async def fake_ext_proc(
+    picker: FakePicker, *, issuer: TinyCA | None = None, names: tuple[str, ...] = (PICKER_NAME,)
+) -> AsyncIterator[tuple[str, ExtProcTls]]:
+    """The picker on grpc.aio over TLS at 127.0.0.1:<free port>, and what Envoy must trust.
+
+    The certificate comes from a throw-away CA, for `names`; Envoy is told to trust that CA and to
+    expect PICKER_NAME. `issuer` signs with another CA instead (a certificate Envoy must refuse).
+    """
+    ca = TinyCA()
+    pair = (issuer or ca).issue_serving(dns_names=list(names), ips=[])
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
@@ -79,7 +99,7 @@ async def fake_ext_proc(picker: FakePicker) -> AsyncIterator[str]:
     port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(pair.key_pem, pair.cert_pem)]))
     await server.start()
     try:
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", ExtProcTls(ca_pem=ca.cert_pem, server_name=PICKER_NAME)
     finally:
         await server.stop(grace=None)
 
@@ -119,6 +139,7 @@ def test_envoy_accepts_the_bootstrap(tmp_path: Path, mode: str) -> None:
         ext_proc_port=9002,
         access_log_path=tmp_path / "access.log",
         options=EnvoyOptions(response_body_mode=mode),  # type: ignore[arg-type]
+        ext_proc_tls=ExtProcTls(ca_pem=TinyCA().cert_pem, server_name=PICKER_NAME),
     )
     config = tmp_path / "bootstrap.json"
     config.write_text(bootstrap_json(bootstrap))
@@ -136,13 +157,18 @@ def test_envoy_accepts_the_bootstrap(tmp_path: Path, mode: str) -> None:
         "metadataKey": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}
     }
     assert "useHttpHeader" not in clusters["model_servers"]["originalDstLbConfig"]
+    validation = clusters["ext_proc"]["transportSocket"]["typedConfig"]["commonTlsContext"][
+        "validationContext"
+    ]
+    assert "trustedCa" in validation
+    assert validation["matchTypedSubjectAltNames"] == [{"sanType": "DNS", "matcher": {"exact": PICKER_NAME}}]
 
 
 async def test_routes_by_metadata_and_ignores_a_client_destination_header(pool: AddressPool) -> None:
     picker = FakePicker()
-    async with two_sims(pool) as (decoy, target), fake_ext_proc(picker) as ext_proc:
+    async with two_sims(pool) as (decoy, target), fake_ext_proc(picker) as (ext_proc, trust):
         picker.destination = target.address
-        with Envoy(ext_proc) as envoy:
+        with Envoy(ext_proc, ext_proc_tls=trust) as envoy:
             async with aiohttp.ClientSession() as http:
                 steer = {DESTINATION_HEADER: decoy.address}
                 status, served_by, _ = await complete(http, envoy, headers=steer)
@@ -163,9 +189,9 @@ async def test_routes_by_metadata_and_ignores_a_client_destination_header(pool: 
 
 async def test_a_two_mib_prompt_is_buffered_and_routed(pool: AddressPool) -> None:
     picker = FakePicker()
-    async with two_sims(pool) as (_, target), fake_ext_proc(picker) as ext_proc:
+    async with two_sims(pool) as (_, target), fake_ext_proc(picker) as (ext_proc, trust):
         picker.destination = target.address
-        with Envoy(ext_proc) as envoy:
+        with Envoy(ext_proc, ext_proc_tls=trust) as envoy:
             async with aiohttp.ClientSession() as http:
                 status, served_by, text = await complete(http, envoy, prompt="x" * TWO_MIB)
     assert (status, served_by) == (200, target.address), text
@@ -176,9 +202,11 @@ async def test_a_two_mib_prompt_is_buffered_and_routed(pool: AddressPool) -> Non
 
 async def test_streamed_response_mode_passes_sse_through_the_processor(pool: AddressPool) -> None:
     picker = FakePicker()
-    async with two_sims(pool) as (_, target), fake_ext_proc(picker) as ext_proc:
+    async with two_sims(pool) as (_, target), fake_ext_proc(picker) as (ext_proc, trust):
         picker.destination = target.address
-        with Envoy(ext_proc, options=EnvoyOptions(response_body_mode="STREAMED")) as envoy:
+        with Envoy(
+            ext_proc, options=EnvoyOptions(response_body_mode="STREAMED"), ext_proc_tls=trust
+        ) as envoy:
             body = {"model": "base", "prompt": "hi", "max_tokens": 3, "stream": True}
             async with (
                 aiohttp.ClientSession() as http,
@@ -193,7 +221,11 @@ async def test_streamed_response_mode_passes_sse_through_the_processor(pool: Add
 
 async def test_fails_closed_when_ext_proc_is_down(pool: AddressPool) -> None:
     async with two_sims(pool) as (decoy, target):
-        with reserve_port() as nobody_listens, Envoy(f"127.0.0.1:{nobody_listens.port}") as envoy:
+        trust = ExtProcTls(ca_pem=TinyCA().cert_pem, server_name=PICKER_NAME)
+        with (
+            reserve_port() as nobody_listens,
+            Envoy(f"127.0.0.1:{nobody_listens.port}", ext_proc_tls=trust) as envoy,
+        ):
             async with aiohttp.ClientSession() as http:
                 status, _, _ = await complete(http, envoy, headers={DESTINATION_HEADER: decoy.address})
         assert 500 <= status < 600
@@ -203,8 +235,67 @@ async def test_fails_closed_when_ext_proc_is_down(pool: AddressPool) -> None:
 
 def test_start_failure_raises_with_the_log_tail() -> None:
     with reserve_port() as port:
-        envoy = Envoy("127.0.0.1:9", port=port.port, admin_port=port.port)  # both on one port: cannot bind
+        trust = ExtProcTls(ca_pem=TinyCA().cert_pem, server_name=PICKER_NAME)
+        envoy = Envoy("127.0.0.1:9", port=port.port, admin_port=port.port, ext_proc_tls=trust)  # cannot bind
         with pytest.raises(ProcessStartError, match="exited during start") as info:
             envoy.start()
     assert "Address already in use" in info.value.log_tail or "cannot bind" in info.value.log_tail
     assert not envoy.running
+
+
+@pytest.mark.parametrize(
+    ("other_ca", "names"),
+    [
+        pytest.param(True, (PICKER_NAME,), id="certificate-from-another-ca"),
+        pytest.param(False, ("someone-else.harness-test.svc",), id="certificate-for-another-name"),
+    ],
+)
+async def test_envoy_refuses_an_ext_proc_server_it_cannot_verify(
+    pool: AddressPool, other_ca: bool, names: tuple[str, ...]
+) -> None:
+    """TLS to the EPP once encrypted without verifying: anyone answering on its address could route."""
+    picker = FakePicker()
+    issuer = TinyCA() if other_ca else None
+    async with (
+        two_sims(pool) as (decoy, target),
+        fake_ext_proc(picker, issuer=issuer, names=names) as (
+            ext_proc,
+            trust,
+        ),
+    ):
+        picker.destination = target.address
+        with Envoy(ext_proc, ext_proc_tls=trust) as envoy:
+            async with aiohttp.ClientSession() as http:
+                status, _, text = await complete(http, envoy)
+    assert 500 <= status < 600, text
+    assert picker.streams == 0
+    assert decoy.requests_by_model == target.requests_by_model == {}
+
+
+# Headers a client might send to steer Envoy itself; none may be honoured or reach the model server.
+CLIENT_ENVOY_HEADERS = {
+    "x-envoy-upstream-rq-timeout-ms": "1",
+    "x-envoy-retry-on": "5xx,reset",
+    "x-envoy-max-retries": "7",
+    "x-envoy-original-dst-host": "192.0.2.1:8000",
+    "x-envoy-internal": "true",
+    "x-envoy-decorator-operation": "client-chosen",
+    "x-envoy-attempt-count": "9",
+    "x-envoy-made-up": "anything",
+}
+
+
+async def test_client_envoy_headers_are_not_trusted(pool: AddressPool) -> None:
+    picker = FakePicker()
+    async with two_sims(pool) as (_, target), fake_ext_proc(picker) as (ext_proc, trust):
+        picker.destination = target.address
+        with Envoy(ext_proc, ext_proc_tls=trust) as envoy:
+            async with aiohttp.ClientSession() as http:
+                status, served_by, text = await complete(http, envoy, headers=CLIENT_ENVOY_HEADERS)
+    assert (status, served_by) == (200, target.address), text
+    [received] = target.received_requests()
+    client_sent = {(name, value) for name, value in CLIENT_ENVOY_HEADERS.items()}
+    assert client_sent & set(received.headers) == set()
+    assert [name for name, _ in received.headers if name in CLIENT_ENVOY_HEADERS] == []
+    # The route's timeout, not the client's 1 ms, is what Envoy applied (and says it applied).
+    assert received.header_values("x-envoy-expected-rq-timeout-ms") == ["600000"]

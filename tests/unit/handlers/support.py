@@ -22,6 +22,8 @@ from google.protobuf import json_format
 from prometheus_client import CollectorRegistry
 
 from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.body import BodyScanner
+from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 from epp.datastore import Datastore, PodMetrics, new_datastore
 from epp.errors import EppError
 from epp.handlers import ExtProcServicer, PodScheduler
@@ -64,6 +66,9 @@ class Env:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     rng: random.Random = field(default_factory=lambda: random.Random(7))
     metadata_namespace: str = "envoy.lb"
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    # None: the servicer makes (and owns) its own; a test that sends big bodies passes one and closes it.
+    body_scanner: BodyScanner | None = None
     # Every reading advances the clock a little, so durations are positive and deterministic.
     clock_value: float = 1000.0
     clock_step: float = 0.25
@@ -84,6 +89,8 @@ class Env:
             metadata_namespace=self.metadata_namespace,
             rng=self.rng,
             clock=self._tick,
+            max_request_body_bytes=self.max_request_body_bytes,
+            body_scanner=self.body_scanner,
         )
 
     def _tick(self) -> float:

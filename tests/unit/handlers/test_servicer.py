@@ -12,6 +12,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.errors import ResourceExhausted
+from epp.metrics import UNKNOWN_MODEL
 from harness.eventually import eventually_async
 
 from .support import (
@@ -72,11 +73,11 @@ def test_same_target_forwards_original_bytes_with_destination_header_and_metadat
 
 def test_different_target_rewrites_model_and_content_length_byte_exact() -> None:
     env = routed_env(("food-review-lora", None))
-    replies = run_exchange(env, headers(), body(COMPLETION))
+    sent = '{"prompt": "Write a review: crème brûlée",  "model" : "food-review", "max_tokens": 100}'
+    replies = run_exchange(env, headers(), body(sent.encode()))
     m = mutation(replies[1])
-    expected = (
-        '{"model":"food-review-lora","prompt":"Write a review: crème brûlée","max_tokens":100}'
-    ).encode()
+    # Only the model's value changes: every other byte is the client's (spacing, order, raw UTF-8).
+    expected = sent.replace('"food-review"', '"food-review-lora"').encode()
     assert m.body == expected
     assert m.set_headers == {(DEST, "10.0.0.1:8000"), ("content-length", str(len(expected)))}
     assert len(expected) != len(expected.decode())  # the length counts bytes, not characters
@@ -178,12 +179,14 @@ def test_errors_become_immediate_responses(
     assert got_message.startswith(message) or message in got_message
     assert "\n" not in got_message
     assert got_headers == {"content-type": "application/json"}
+    # Labels name the model once it is known: not when the body was unreadable, nor without a pool
+    # (checked first), and an unknown name is counted under the one UNKNOWN_MODEL value.
+    known = payload is None and setup != "no-pool"
+    model_label = "food-review" if known else (UNKNOWN_MODEL if status == 404 else "")
     errors = env.registry.get_sample_value(
         "inference_model_request_error_total",
-        {"model_name": "food-review" if payload is None else ("nope" if status == 404 else ""),
-         "target_model_name": "food-review" if payload is None else "",
-         "error_code": code},
-    )  # fmt: skip
+        {"model_name": model_label, "target_model_name": "food-review" if known else "", "error_code": code},
+    )
     assert errors == 1
 
 

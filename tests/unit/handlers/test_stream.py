@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -23,8 +25,8 @@ def test_observability_mode_records_but_never_replies() -> None:
     first.observability_mode = True
     second = body({"model": "m"})
     second.observability_mode = True
-    assert stream.handle(first.SerializeToString()) == (None, False)
-    assert stream.handle(second.SerializeToString()) == (None, False)
+    assert asyncio.run(stream.handle(first.SerializeToString())) == (None, False)
+    assert asyncio.run(stream.handle(second.SerializeToString())) == (None, False)
     assert env.sample("inference_model_request_total", {"model_name": "m", "target_model_name": "m"}) == 1
     stream.close()
 
@@ -32,9 +34,9 @@ def test_observability_mode_records_but_never_replies() -> None:
 def test_body_after_routing_is_continued_unchanged() -> None:
     env = Env().pool().model("m").pod("pod-1", "10.0.0.1")
     stream = _stream(env)
-    stream.handle(headers().SerializeToString())
-    stream.handle(body({"model": "m"}).SerializeToString())
-    reply, end = stream.handle(body(b"trailing", eos=True).SerializeToString())
+    asyncio.run(stream.handle(headers().SerializeToString()))
+    asyncio.run(stream.handle(body({"model": "m"}).SerializeToString()))
+    reply, end = asyncio.run(stream.handle(body(b"trailing", eos=True).SerializeToString()))
     assert reply is not None
     assert not end
     assert pb.ProcessingResponse.FromString(reply).WhichOneof("response") == "request_body"

@@ -24,6 +24,7 @@ LOOPBACK_CONFIG = ServerConfig(
     grpc_port=0,
     grpc_health_port=0,
     metrics_port=0,
+    debug_port=0,
     bind_address="127.0.0.1",
     secure_serving=False,
 )

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from epp import config as defaults
+from epp.config import SchedulerConfig
 from epp.server.flags import FlagError, go_style, parse_flags, parse_go_duration
 
 
@@ -163,3 +164,105 @@ def test_bad_env_threshold_falls_back_to_default_and_logs(caplog: pytest.LogCapt
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "KV_CACHE_THRESHOLD" in messages
     assert "QUEUE_THRESHOLD_CRITICAL" in messages
+
+
+# --- settings that cannot work are a startup error (issue 12) --------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        pytest.param([], {"KV_CACHE_THRESHOLD": "nan"}, "KV_CACHE_THRESHOLD", id="kv-threshold-nan"),
+        pytest.param([], {"KV_CACHE_THRESHOLD": "-0.1"}, "KV_CACHE_THRESHOLD", id="kv-threshold-negative"),
+        pytest.param([], {"KV_CACHE_THRESHOLD": "1.5"}, "KV_CACHE_THRESHOLD", id="kv-threshold-above-one"),
+        pytest.param(
+            [], {"LORA_AFFINITY_THRESHOLD": "inf"}, "LORA_AFFINITY_THRESHOLD", id="lora-affinity-inf"
+        ),
+        pytest.param([], {"QUEUE_THRESHOLD_CRITICAL": "-1"}, "QUEUE_THRESHOLD_CRITICAL", id="queue-negative"),
+        pytest.param(
+            [], {"QUEUING_THRESHOLD_LORA": "-5"}, "QUEUING_THRESHOLD_LORA", id="lora-queue-negative"
+        ),
+        pytest.param(
+            ["-refreshMetricsInterval=5s"], {}, "--refreshMetricsInterval", id="refresh-longer-than-staleness"
+        ),
+        pytest.param(
+            ["-metricsStalenessThreshold=10ms"],
+            {},
+            "--metricsStalenessThreshold",
+            id="staleness-shorter-than-refresh",
+        ),
+        pytest.param(["-maxRequestBodyBytes=0"], {}, "--maxRequestBodyBytes", id="no-body-allowed"),
+    ],
+)
+def test_settings_that_cannot_work_are_a_clear_startup_error(
+    argv: list[str], env: dict[str, str], named: str
+) -> None:
+    with pytest.raises(FlagError) as info:
+        parse_flags(["-poolName", "p", *argv], env)
+    assert named in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"kv_cache_threshold": float("nan")}, id="nan"),
+        pytest.param({"queue_threshold_critical": -1}, id="negative-queue"),
+        pytest.param({"metrics_staleness_threshold": 0.0}, id="zero-staleness"),
+        pytest.param({"lora_affinity_threshold": 1.01}, id="probability-above-one"),
+    ],
+)
+def test_settings_objects_refuse_meaningless_values(changes: dict[str, float]) -> None:
+    """Whoever builds the settings (flags, the harness, a test) gets the same checks."""
+    with pytest.raises(ValueError, match=next(iter(changes))):
+        SchedulerConfig(**changes)  # type: ignore[arg-type]
+
+
+def test_the_refresh_interval_may_equal_the_staleness_threshold() -> None:
+    config = parse_flags(["-poolName", "p", "-refreshMetricsInterval=2s"], {}).config
+    assert config.prober.refresh_interval == config.scheduler.metrics_staleness_threshold == 2.0
+
+
+def test_request_body_limit_flag_sets_the_grpc_limit_too() -> None:
+    config = parse_flags(["-poolName", "p", "--maxRequestBodyBytes=1048576"], {}).config
+    assert config.max_request_body_bytes == 1024 * 1024
+    assert config.grpc_max_message_bytes > config.max_request_body_bytes
+    default = parse_flags(["-poolName", "p"], {}).config
+    assert default.max_request_body_bytes == defaults.DEFAULT_MAX_REQUEST_BODY_BYTES == 16 * 1024 * 1024
+
+
+# --- upstream manifests pass zap's logging flags -----------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "level", "encoder"),
+    [
+        pytest.param(["--zap-encoder", "json"], logging.INFO, "json", id="encoder-json"),
+        pytest.param(["--zap-encoder=console"], logging.INFO, "console", id="encoder-console"),
+        pytest.param(["--zap-log-level", "debug"], logging.DEBUG, "console", id="level-debug"),
+        pytest.param(["--zap-log-level=error"], logging.ERROR, "console", id="level-error"),
+        pytest.param(["-v", "4", "--zap-log-level=info"], logging.INFO, "console", id="level-overrides-v"),
+        pytest.param(["--zap-log-level=4"], logging.DEBUG, "console", id="level-as-verbosity"),
+        pytest.param(["--zap-devel"], logging.DEBUG, "console", id="devel-is-debug"),
+        pytest.param(["--zap-devel=false"], logging.INFO, "console", id="devel-off"),
+        pytest.param(["--zap-devel", "--zap-encoder", "json"], logging.DEBUG, "json", id="devel-with-json"),
+        pytest.param(
+            ["--zap-stacktrace-level=panic", "--zap-time-encoding", "iso8601"],
+            logging.INFO,
+            "console",
+            id="accepted-and-ignored",
+        ),
+    ],
+)
+def test_zap_logging_flags_are_accepted(argv: list[str], level: int, encoder: str) -> None:
+    flags = parse_flags(["-poolName", "p", *argv], {})
+    assert (flags.log_level, flags.log_encoder) == (level, encoder)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--zap-encoder", "xml"], id="unknown-encoder"),
+        pytest.param(["--zap-log-level", "loud"], id="unknown-level"),
+        pytest.param(["--zap-time-encoding", "sundial"], id="unknown-time-encoding"),
+    ],
+)
+def test_bad_zap_values_are_flag_errors(argv: list[str]) -> None:
+    with pytest.raises(FlagError):
+        parse_flags(["-poolName", "p", *argv], {})

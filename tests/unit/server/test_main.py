@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -16,6 +17,14 @@ from harness.eventually import eventually
 def test_missing_pool_name_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--grpcPort", "0"]) == 2
     assert "poolName" in capsys.readouterr().err
+
+
+def test_a_nan_threshold_exits_2_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KV_CACHE_THRESHOLD", "NaN")
+    assert main(["--poolName", "p"]) == 2
+    assert "epp: KV_CACHE_THRESHOLD=nan: must be a number from 0 to 1" in capsys.readouterr().err
 
 
 KUBECONFIG = """\
@@ -56,3 +65,35 @@ def test_signal_stops_the_process_cleanly(tmp_path: Path, sig: signal.Signals) -
     text = log.read_text()
     assert "endpoint picker stopped" in text
     assert "Traceback" not in text
+
+
+def test_upstream_logging_flags_run_and_log_json(tmp_path: Path) -> None:
+    """Upstream manifests pass `--zap-encoder json` and `-v`; these once made the EPP exit with 2."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    log = tmp_path / "epp.log"
+    argv = [
+        sys.executable, "-m", "epp", "--poolName", "pool", "--bindAddress", "127.0.0.1", "--grpcPort", "0",
+        "--grpcHealthPort", "0", "--metricsPort", "0", "--kubeconfig", str(kubeconfig), "-v", "3",
+        "--zap-encoder", "json", "--zap-log-level", "info", "--zap-devel=false",
+    ]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+
+            def started() -> None:
+                assert proc.poll() is None, log.read_text()
+                assert "endpoint picker for pool default/pool" in log.read_text()
+
+            eventually(started, timeout=30)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    started_record = next(r for r in records if "endpoint picker for pool" in r["msg"])
+    assert started_record["level"] == "info"
+    assert started_record["logger"] == "epp.server.runner"
+    assert isinstance(started_record["ts"], float)

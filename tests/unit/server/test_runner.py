@@ -25,7 +25,7 @@ from harness.eventually import eventually_async
 
 from .support import LOOPBACK_CONFIG, make_epp, seed_pool
 
-EXPECTED_TASKS = {"controllers", "grpc-ext-proc", "grpc-health", "metrics-http"}
+EXPECTED_TASKS = {"controllers", "grpc-ext-proc", "grpc-health", "metrics-http", "debug-http"}
 
 
 def listening_ports() -> set[int]:
@@ -49,7 +49,7 @@ def can_bind(port: int) -> bool:
 
 
 def epp_ports(epp: Epp) -> list[int]:
-    return [epp.grpc_port, epp.health_port, epp.metrics_port]
+    return [epp.grpc_port, epp.health_port, epp.metrics_port, epp.debug_port]
 
 
 async def assert_fully_stopped(ports: list[int], threads_before: set[threading.Thread]) -> None:
@@ -73,7 +73,7 @@ def test_start_binds_ephemeral_ports_and_stop_leaves_nothing_behind() -> None:
             await epp.wait_ready()
             ports = epp_ports(epp)
             assert all(p > 0 for p in ports)
-            assert len(set(ports)) == 3
+            assert len(set(ports)) == 4
             assert set(ports) <= listening_ports()
             assert epp.bind_address == "127.0.0.1"
             assert epp.task_names == EXPECTED_TASKS
@@ -168,7 +168,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
             epp.datastore.pod_update_or_add(
                 PodObject.from_api(PodBuilder("pod-2").labels(app="vllm").ready("10.0.0.2").build())
             )
-            url = f"http://127.0.0.1:{epp.metrics_port}/debug/datastore"
+            url = f"http://127.0.0.1:{epp.debug_port}/debug/datastore"
             async with aiohttp.ClientSession() as http:
                 async with http.get(url) as resp:
                     assert resp.status == 200

@@ -314,3 +314,17 @@ def test_thread_start_reports_a_bind_failure(address: str) -> None:
             second.start_in_thread()
         assert isinstance(info.value.__cause__, OSError)
     assert not [t for t in threading.enumerate() if t.name.startswith("sim-")]
+
+
+async def test_received_requests_keep_headers_repeats_and_the_raw_body(address: str) -> None:
+    raw = b'{"model": "base",  "prompt": "hi", "max_tokens": 1}'
+    headers = [("Content-Type", "application/json"), ("X-Twice", "one"), ("X-Twice", "two")]
+    async with ModelServerSim(address, config=FAST) as sim, aiohttp.ClientSession() as http:
+        async with http.post(f"{sim.base_url}/v1/completions", data=raw, headers=headers) as response:
+            assert response.status == 200
+        async with http.get(f"{sim.base_url}/metrics") as response:
+            assert response.status == 200
+        [received] = sim.received_requests()  # generation requests only, not scrapes
+    assert (received.method, received.path, received.body) == ("POST", "/v1/completions", raw)
+    assert received.header_values("x-twice") == ["one", "two"]
+    assert received.header_values("Content-Length") == [str(len(raw))]

@@ -1,0 +1,156 @@
+"""What reaches a model server, not only where it went (STYLE habit 21), whatever the client sent.
+
+Through the real Envoy and EPP process, the simulator that served each request is asked what it
+received: exactly one `x-gateway-destination-endpoint`, equal to its own address; the model name
+rewritten to the resolved target (every other byte as the client sent it) and Content-Length to
+match; none of the client's own destination or `x-envoy-*` headers. The body limit is one number for
+Envoy and the EPP, and a body over it gets a readable 413 before any model server sees it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx2
+import pytest
+
+from harness.envoy import EnvoyOptions
+from harness.pytest_plugin import namespace_name
+from harness.sim import ModelServerSim, ReceivedRequest, SimConfig
+from harness.stack import BASE_MODEL, DEMO_ADAPTERS, Stack, StackOptions
+
+from .support import (
+    DESTINATION_HEADER,
+    POD_PORT,
+    bed,
+    endpoint,
+    http_error_text,
+    served_by,
+    total_requests,
+    wait_routable,
+)
+
+pytestmark = pytest.mark.e2e
+
+PODS = ("pod-a", "pod-b", "pod-c")
+BODY_LIMIT = 256 * 1024
+# What a client adds to steer the gateway: a destination of its choosing, twice, and Envoy's own
+# control headers (timeouts, retries, the original-destination host, made-up ones).
+CLIENT_HEADERS: list[tuple[str, str]] = [
+    (DESTINATION_HEADER, "192.0.2.10:8000"),
+    (DESTINATION_HEADER, "192.0.2.11:8000"),
+    ("x-envoy-original-dst-host", "192.0.2.12:8000"),
+    ("x-envoy-upstream-rq-timeout-ms", "1"),
+    ("x-envoy-retry-on", "5xx"),
+    ("x-envoy-internal", "true"),
+    ("x-envoy-made-up", "client"),
+]
+
+
+@pytest.fixture(scope="module")
+def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
+    sim = SimConfig(model=BASE_MODEL, lora_adapters=DEMO_ADAPTERS, max_loras=3, time_scale=0.001)
+    return StackOptions(
+        namespace=namespace_name(request.module.__name__),
+        pods=0,
+        sim_config=sim,
+        envoy=EnvoyOptions(buffer_limit_bytes=BODY_LIMIT),
+    )
+
+
+@pytest.fixture(scope="module")
+def stack(shared_stack: Stack) -> Stack:
+    testbed = bed(shared_stack)
+    for pod in PODS:
+        testbed.add_pod(pod)
+    wait_routable(shared_stack, list(PODS))
+    return shared_stack
+
+
+def sim_at(stack: Stack, address: str) -> ModelServerSim:
+    [pod] = [name for name in bed(stack).pods if endpoint(stack, name) == address]
+    return bed(stack).pods[pod].sim(POD_PORT)
+
+
+def send(stack: Stack, path: str, body: bytes, headers: list[tuple[str, str]]) -> httpx2.Response:
+    with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
+        return http.post(path, content=body, headers=[("content-type", "application/json"), *headers])
+
+
+def received_by(stack: Stack, response: httpx2.Response, path: str) -> tuple[str, ReceivedRequest]:
+    """The serving simulator's address and the last request it received on `path`."""
+    address = served_by(response.headers)
+    [*_, last] = [r for r in sim_at(stack, address).received_requests() if r.path == path]
+    return address, last
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "targets"),
+    [
+        pytest.param(
+            "/v1/completions",
+            {"model": "food-review", "prompt": "Write a review", "max_tokens": 2, "temperature": 1e999},
+            {"food-review-1", "food-review-2"},
+            id="weighted-split-rewritten",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "crème brûlée"}], "model": "sql-lora", "max_tokens": 2},
+            {"sql-lora-v1"},
+            id="lora-target-rewritten",
+        ),
+        pytest.param(
+            "/v1/completions",
+            {"model": BASE_MODEL, "prompt": "hello", "max_tokens": 2},
+            {BASE_MODEL},
+            id="base-model-untouched",
+        ),
+    ],
+)
+def test_the_model_server_gets_one_destination_and_the_resolved_model(
+    stack: Stack, path: str, fields: dict[str, Any], targets: set[str]
+) -> None:
+    # The client's own formatting (spaces, raw UTF-8, an out-of-range number) must survive.
+    sent = json.dumps(fields, ensure_ascii=False, indent=1).replace("Infinity", "1e999").encode()
+    for _ in range(3):
+        response = send(stack, path.removeprefix("/v1"), sent, CLIENT_HEADERS)
+        assert response.status_code == 200, response.text
+        address, received = received_by(stack, response, path)
+
+        assert received.header_values(DESTINATION_HEADER) == [address]
+        model = json.loads(received.body)["model"]
+        assert model in targets
+        assert received.body == sent.replace(f'"{fields["model"]}"'.encode(), json.dumps(model).encode(), 1)
+        assert received.header_values("content-length") == [str(len(received.body))]
+        for name, value in CLIENT_HEADERS:
+            if name != DESTINATION_HEADER:
+                assert name not in {key for key, _ in received.headers}, f"{name} reached the model server"
+            assert value not in received.header_values(name)
+
+
+def test_a_body_over_the_limit_is_413_before_any_model_server(stack: Stack) -> None:
+    served_before = total_requests(stack)
+    too_big = json.dumps({"model": "food-review", "prompt": "x" * BODY_LIMIT}).encode()
+    response = send(stack, "/completions", too_big, [])
+    assert response.status_code == 413
+    assert http_error_text(response) == f"request body larger than the gateway's limit of {BODY_LIMIT} bytes"
+    assert total_requests(stack) == served_before
+
+
+@pytest.mark.parametrize(("rewritten_size", "status"), [(BODY_LIMIT, 200), (BODY_LIMIT + 1, 413)])
+def test_the_limit_applies_to_the_body_the_model_server_would_get(
+    stack: Stack, rewritten_size: int, status: int
+) -> None:
+    """One number for Envoy and the EPP, and it bounds what is forwarded: a rewrite that grows the
+    body past it (food-review → food-review-1 adds 2 bytes) is refused, not half-applied."""
+    growth = len("food-review-1") - len("food-review")
+    envelope = len(json.dumps({"model": "food-review", "prompt": "", "max_tokens": 1}).encode())
+    prompt = "x" * (rewritten_size - growth - envelope)
+    body = json.dumps({"model": "food-review", "prompt": prompt, "max_tokens": 1}).encode()
+    assert len(body) + growth == rewritten_size
+    response = send(stack, "/completions", body, [])
+    assert response.status_code == status, response.text
+    if status == 200:
+        _, received = received_by(stack, response, "/v1/completions")
+        assert len(received.body) == rewritten_size

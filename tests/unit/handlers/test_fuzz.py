@@ -1,0 +1,149 @@
+"""Fuzzing the ext_proc servicer (CI profile): no crash, no 500 for client input, no destination outside
+the pool's ready pods, no state left behind. Strategies and properties: `harness.extproc_fuzz`.
+
+One real grpc.aio server on loopback for the whole run, the real scheduler over three ready pods with
+fresh metrics, every case on a fresh stream. `EPP_FUZZ_CASES` sets the number of cases (default 400,
+a few seconds); the long profile (≥ 100k cases against a real EPP process, with its memory) is
+`benchmarks/fuzz_ext_proc.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+from typing import Any
+
+import grpc
+from hypothesis import HealthCheck, given, settings
+
+from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.config import SchedulerConfig
+from epp.datastore import Metrics, new_datastore
+from epp.handlers import ExtProcServicer, ExtProcStream
+from epp.metrics import UNKNOWN_MODEL, RequestMetrics
+from epp.scheduling import Scheduler
+from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
+from harness.extproc_fuzz import FuzzCase, FuzzWorld, Outcome, ext_proc_cases, run_case, violations
+
+CASES = int(os.environ.get("EPP_FUZZ_CASES", "400"))
+NOW = 1000.0
+PODS = {"pod-1": "10.0.0.1", "pod-2": "10.0.0.2", "pod-3": "10.0.0.3"}
+# modelName → (criticality, targets)
+MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "chat": ("Critical", ("chat-a", "chat-b")),
+    "direct": ("Standard", ()),
+    "lora": ("Critical", ("lora-1",)),
+    "batch": ("Sheddable", ("chat-a",)),
+}
+WORLD = FuzzWorld(
+    models={name: frozenset(targets or (name,)) for name, (_, targets) in MODELS.items()},
+    endpoints=frozenset(f"{ip}:8000" for ip in PODS.values()),
+)
+
+
+def servicer_and_registry() -> tuple[ExtProcServicer, RequestMetrics, object]:
+    from prometheus_client import CollectorRegistry
+
+    store = new_datastore()
+    store.pool_set(InferencePool.from_api(PoolBuilder("pool").selector(app="vllm").port(8000).build()))
+    for name, (criticality, targets) in MODELS.items():
+        builder = ModelBuilder(f"obj-{name}").model_name(name).pool("pool").criticality(criticality)
+        for target in targets:
+            builder = builder.target(target, weight=10)
+        store.model_set_if_older(InferenceModel.from_api(builder.build()))
+    for i, (name, ip) in enumerate(sorted(PODS.items())):
+        store.pod_update_or_add(PodObject.from_api(PodBuilder(name).labels(app="vllm").ready(ip).build()))
+        store.pod_update_metrics_if_exist(
+            PodObject.from_api(PodBuilder(name).build()).key,
+            # Every KV cache nearly full: Critical models are routed, the others shed (429).
+            Metrics(waiting_queue_size=i, kv_cache_usage=0.9, updated_at=NOW),
+        )
+    registry = CollectorRegistry()
+    metrics = RequestMetrics(registry)
+    rng = random.Random(0)
+    scheduler = Scheduler(SchedulerConfig(), rng, clock=lambda: NOW, pool_name="pool")
+    servicer = ExtProcServicer(
+        store,
+        scheduler,
+        metrics,
+        destination_header_key=WORLD.destination_header,
+        metadata_namespace="envoy.lb",
+        rng=rng,
+        clock=lambda: NOW,
+        max_request_body_bytes=512 * 1024,
+    )
+    return servicer, metrics, registry
+
+
+class LiveServicer:
+    """The servicer on a real grpc.aio server with a channel to it, on one event loop of its own.
+
+    grpc.aio objects belong to the loop they are made on, and grpc's poller thread lives as long as
+    any of them does: all are made here and all are dropped by `close()`.
+    """
+
+    OPTIONS = (("grpc.max_receive_message_length", 4 * 1024 * 1024),)
+
+    def __init__(self, servicer: ExtProcServicer) -> None:
+        self._servicer = servicer
+        self._loop = asyncio.new_event_loop()
+        self._grpc: dict[str, Any] = {}
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        server = grpc.aio.server(options=self.OPTIONS)
+        self._servicer.add_to_server(server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        self._grpc.update(
+            server=server, channel=grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=self.OPTIONS)
+        )
+
+    def run(self, case: FuzzCase) -> Outcome:
+        return self._loop.run_until_complete(run_case(self._grpc["channel"], case, reply_timeout=20.0))
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._grpc["channel"].close())
+        self._loop.run_until_complete(self._grpc["server"].stop(None))
+        self._loop.run_until_complete(self._servicer.aclose())
+        self._loop.close()
+        self._grpc.clear()
+        gc.collect()
+
+
+def test_no_stream_of_messages_breaks_the_servicer() -> None:
+    servicer, _, registry = servicer_and_registry()
+    live = LiveServicer(servicer)
+    failures: list[str] = []
+
+    @settings(
+        max_examples=CASES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(case=ext_proc_cases(WORLD))
+    def one_case(case: FuzzCase) -> None:
+        broken = violations(WORLD, case, live.run(case))
+        if broken:
+            failures.append(f"{case!r}: {broken}")
+        assert not broken, broken
+
+    try:
+        one_case()
+    finally:
+        live.close()
+
+    assert failures == []
+    # Bounded state: every stream released what it took, labels name only known models.
+    samples = [s for family in registry.collect() for s in family.samples]
+    assert sum(s.value for s in samples if s.name == "inference_model_running_requests") == 0
+    assert {s.labels["model_name"] for s in samples if "model_name" in s.labels} <= {
+        *MODELS,
+        UNKNOWN_MODEL,
+        "",
+    }
+    gc.collect()
+    assert [o for o in gc.get_objects() if isinstance(o, ExtProcStream)] == []
