@@ -1,7 +1,9 @@
 """The simulator's ``/metrics`` page: real vLLM metric names on a per-instance registry.
 
-Gauges (queue, KV, LoRA) are computed at scrape time from the engine's state, with an optional
-override layer that tests pin; histograms and counters are observed as requests finish. The
+Gauges (queue, KV, LoRA) and the engine's counters (preemptions, prefix-cache queries and hits) are
+computed at scrape time from the engine's state, with an optional override layer that tests pin on
+the gauges; histograms and the request counters are observed as requests finish. The KV gauge and
+the prefix-cache counters carry the names of the configured ``vllm_version``, never both sets. The
 families, labels and bucket sets follow vLLM's V1 Prometheus logger, and the page carries the
 process/platform/GC collectors a real vLLM process exposes, so it is tens of KB as in production.
 """
@@ -21,7 +23,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from harness.sim._config import DEFAULT_BUCKET_MODEL_LEN, SimConfig
@@ -83,7 +85,7 @@ class _StateCollector(Collector):
     def __init__(self, sim_metrics: SimMetrics) -> None:
         self._m = sim_metrics
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         cfg = self._m.config
         state = self._m.engine.state()
         ov = self._m.overrides
@@ -105,12 +107,28 @@ class _StateCollector(Collector):
             "Number of requests waiting to be processed.",
             _pick(ov.waiting, state.waiting),
         )
+        names = cfg.metric_names
         kv = _pick(ov.kv_cache, state.kv_cache_usage)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv)
-        yield gauge(
-            "vllm:gpu_cache_usage_perc",
-            "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: use vllm:kv_cache_usage_perc.",
-            kv,
+        yield gauge(names.kv_cache_usage, "KV-cache usage. 1 means 100 percent usage.", kv)
+        counters = self._m.engine.counters()
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", counters.preemptions
+        )
+        yield counter(
+            names.prefix_cache_queries,
+            "Prefix cache queries, in terms of number of queried tokens.",
+            counters.prefix_queries,
+        )
+        yield counter(
+            names.prefix_cache_hits,
+            "Prefix cache hits, in terms of number of cached tokens.",
+            counters.prefix_hits,
         )
         yield self._lora_info(state, ov)
         info = GaugeMetricFamily(
@@ -162,7 +180,7 @@ class SimMetrics:
             "cache_dtype": "auto",
             "calculate_kv_scales": "False",
             "cpu_offload_gb": "0",
-            "enable_prefix_caching": "True",
+            "enable_prefix_caching": str(config.enable_prefix_caching),
             "gpu_memory_utilization": "0.9",
             "is_attention_free": "False",
             "num_cpu_blocks": "None",
@@ -189,17 +207,8 @@ class SimMetrics:
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return Histogram(name, doc, labels, registry=reg, buckets=buckets)
 
-        self.num_preemptions = counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
-        )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.prefix_cache_queries = counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
-        )
-        self.prefix_cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
-        )
         self.request_success = counter(
             "vllm:request_success", "Count of successfully processed requests.", ("finished_reason",)
         )
@@ -270,8 +279,7 @@ class SimMetrics:
         # vLLM creates every labelled child up front, so the page is full-size before traffic.
         child = (config.model, ENGINE_LABEL)
         for metric in (
-            self.num_preemptions, self.prompt_tokens, self.generation_tokens, self.prefix_cache_queries,
-            self.prefix_cache_hits, self.iteration_tokens, self.request_prompt_tokens,
+            self.prompt_tokens, self.generation_tokens, self.iteration_tokens, self.request_prompt_tokens,
             self.request_generation_tokens, self.request_max_num_generation_tokens, self.request_params_n,
             self.request_params_max_tokens, self.time_to_first_token, self.time_per_output_token,
             self.inter_token_latency, self.request_time_per_output_token, self.e2e_request_latency,
@@ -294,11 +302,6 @@ class SimMetrics:
     def clear(self) -> None:
         with self._lock:
             self.overrides = GaugeOverrides()
-
-    def observe_arrival(self, prompt_tokens: int) -> None:
-        child = (self.config.model, ENGINE_LABEL)
-        self.prefix_cache_queries.labels(*child).inc(prompt_tokens)
-        self._observed_cache = None
 
     def observe_finished(
         self, *, prompt_tokens: int, generated: int, max_tokens: int, timings: Timings, reason: str
