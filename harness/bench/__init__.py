@@ -1,0 +1,1 @@
+"""The routing benchmark (``harness bench routing``): workloads, policies, load replay and report."""
