@@ -33,6 +33,9 @@ from collections.abc import Callable, Sequence
 from harness.sim._config import MAX_LORA_INFO_SERIES, SimConfig
 from harness.sim._kv import BlockPool, blocks_for
 
+# How far (simulated seconds) the step loop may fall behind the wall clock and still catch up.
+MAX_CATCH_UP_S = 0.05
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineState:
@@ -53,6 +56,10 @@ class Counters:
     preemptions: int
     prefix_queries: int  # prompt tokens looked up in the prefix cache
     prefix_hits: int  # of which were cached
+    # Simulated seconds of steps (GPU time), and how much simulated time was lost because the host
+    # was too busy to run the step loop on time (0 on an unloaded machine; large means CPU-bound).
+    busy_s: float = 0.0
+    late_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +135,9 @@ class Engine:
         # (running, waiting) label values of vllm:lora_requests_info -> unix time last entered.
         self._lora_series: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
         self._preemptions = 0
+        self._busy_s = 0.0
+        self._late_s = 0.0
+        self._time_scale = config.time_scale
         self._prefix_queries = 0
         self._prefix_hits = 0
         self._task: asyncio.Task[None] | None = None
@@ -150,7 +160,9 @@ class Engine:
         )
 
     def counters(self) -> Counters:
-        return Counters(self._preemptions, self._prefix_queries, self._prefix_hits)
+        return Counters(
+            self._preemptions, self._prefix_queries, self._prefix_hits, self._busy_s, self._late_s
+        )
 
     def lora_series(self) -> list[tuple[str, str, float]]:
         """Every (running, waiting, last-update time) label set seen, oldest first."""
@@ -158,7 +170,7 @@ class Engine:
 
     def now(self) -> float:
         """Simulated seconds."""
-        scale = self.config.time_scale
+        scale = self._time_scale
         if scale <= 0:
             return self._sim_clock
         loop_time = asyncio.get_running_loop().time()
@@ -166,18 +178,21 @@ class Engine:
             self._origin = loop_time
         return (loop_time - self._origin) / scale
 
-    def estimate_ttft(self, *, lora: str | None, prompt_tokens: int, block_hashes: Sequence[int]) -> float:
+    def estimate_ttft(
+        self, *, lora: str | None, prompt_tokens: int, block_hashes: Sequence[int], in_transit: int = 0
+    ) -> float:
         """Simulated seconds until a request submitted now would get its first token (the oracle's view).
 
         Uses what only the engine knows: the remaining output of every running request. A slot frees
         when a running request finishes; the request waits for as many slot releases as there are
         requests queued before it, then for the prefill of the queued prompts and its own (minus
-        cached blocks), plus an adapter load when its adapter is not loaded.
+        cached blocks), plus an adapter load when its adapter is not loaded. ``in_transit`` requests
+        were sent here but have not arrived yet; they count as queued ones of this prompt's size.
         """
         cfg = self.config
         running = len(self._running)
         step = cfg.step_base_s + cfg.decode_token_s * max(1, running)
-        ahead = len(self._waiting)
+        ahead = len(self._waiting) + in_transit
         free_slots = cfg.max_num_seqs - running
         wait = 0.0
         if ahead >= free_slots:
@@ -190,6 +205,7 @@ class Engine:
                 mean = sum(remaining) / max(1, len(remaining)) if remaining else 0.0
                 wait = (rounds * mean + (remaining[rest] if remaining else 0)) * step
         queued_prefill = sum(r.prompt_tokens + r.generated for r in self._waiting)
+        queued_prefill += in_transit * prompt_tokens
         cached = self._pool.match(block_hashes) * cfg.block_size
         own = max(1, prompt_tokens - cached)
         load = cfg.lora_load_s if lora is not None and lora not in self._loaded else 0.0
@@ -254,30 +270,55 @@ class Engine:
                 if not task.cancelled():
                     raise
 
-    def reset(self) -> None:
-        """Back to a cold start: empty prefix cache, no adapter loaded, counters kept. Must be idle."""
+    def reset(self, time_scale: float | None = None) -> None:
+        """Back to a cold start: empty prefix cache, no adapter loaded, counters kept. Must be idle.
+
+        ``time_scale`` changes how fast simulated time runs from now on (simulated time stays
+        continuous), e.g. to measure capacity slower than the benchmark runs.
+        """
         if self._running or self._waiting:
             raise RuntimeError("reset needs an idle engine")
         self._pool.reset()
         self._loaded.clear()
         self._record_lora_state()
+        if time_scale is not None and time_scale != self._time_scale:
+            if time_scale <= 0 or self._time_scale <= 0:
+                raise ValueError("the time scale can only change between positive values")
+            now = self.now()
+            self._time_scale = time_scale
+            self._origin = asyncio.get_running_loop().time() - now * time_scale
+
+    @property
+    def time_scale(self) -> float:
+        return self._time_scale
 
     # ---- the step loop -------------------------------------------------------------------------
     async def _loop(self) -> None:
+        # Steps follow each other in simulated time: a step starts where the previous one ended, so a
+        # wake-up that comes a little late (timer granularity, a busy host) is caught up by the next
+        # sleep instead of stretching simulated time. Only when the loop falls behind by more than
+        # MAX_CATCH_UP_S does simulated time give way (counted in `late_s`).
+        resume: float | None = None
         try:
             while self._running or self._waiting:
                 step = self._schedule()
                 if not step.requests:
+                    resume = None
                     await self._idle_wait()
                     continue
-                start = self.now()
+                now = self.now()
+                start = resume if resume is not None and now - resume < MAX_CATCH_UP_S else now
+                if resume is not None:
+                    self._late_s += max(0.0, start - resume)
                 end = start + self._duration(step)
                 self._step = step
                 try:
                     await self._sleep_until(end)
                 finally:
                     self._step = None
-                self._complete(step, end if self.config.time_scale <= 0 else max(end, self.now()))
+                self._busy_s += end - start
+                resume = end
+                self._complete(step, end)
         finally:
             if self._task is asyncio.current_task():
                 self._task = None
@@ -451,7 +492,7 @@ class Engine:
 
     # ---- waiting --------------------------------------------------------------------------------
     async def _sleep_until(self, end: float) -> None:
-        scale = self.config.time_scale
+        scale = self._time_scale
         if scale <= 0:
             self._sim_clock = end
             await asyncio.sleep(0)
@@ -559,8 +600,9 @@ class Run:
     def timings(self) -> Timings:
         req = self._req
         times = req.token_times
-        admitted = req.admitted_at if req.admitted_at is not None else req.arrival
-        first = times[0] if times else admitted
+        # A step may start a moment before `now` while the loop catches up (Engine._loop): clamp.
+        admitted = max(req.admitted_at, req.arrival) if req.admitted_at is not None else req.arrival
+        first = max(times[0], admitted) if times else admitted
         return Timings(
             queue_s=admitted - req.arrival,
             prefill_s=first - admitted,

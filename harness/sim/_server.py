@@ -183,13 +183,13 @@ class ModelServerSim:
 
         return asyncio.run_coroutine_threadsafe(read(), loop).result(_CROSS_THREAD_TIMEOUT_S)
 
-    def reset(self) -> None:
+    def reset(self, time_scale: float | None = None) -> None:
         """Cold start between benchmark runs: empty prefix cache, no adapter loaded, no pins, counts zero.
 
-        The engine must be idle (every request finished); any thread.
+        The engine must be idle (every request finished); any thread. ``time_scale`` changes the
+        speed of simulated time from now on (``Engine.reset``).
         """
-
-        self.call_on_loop(self.engine.reset)
+        self.call_on_loop(lambda: self.engine.reset(time_scale))
         self.metrics.clear()
         with self._counts_lock:
             self._counts.clear()
