@@ -17,6 +17,7 @@ from typing import TextIO
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -24,7 +25,8 @@ from rich.table import Table
 def console(stream: TextIO | None = None) -> Console:
     """A console on ``stream`` (stdout by default) that never wraps long table rows."""
     target = stream if stream is not None else sys.stdout
-    return Console(file=target, soft_wrap=True, highlight=False, width=None if target.isatty() else 200)
+    # Not a terminal: wide enough that no table column is ever cut.
+    return Console(file=target, soft_wrap=True, highlight=False, width=None if target.isatty() else 400)
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,13 @@ class Column:
 
 
 def table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[str]], caption: str = "") -> Table:
-    out = Table(title=title, caption=caption or None, box=box.SIMPLE_HEAD, title_justify="left")
+    out = Table(
+        title=escape(title), caption=escape(caption) or None, box=box.SIMPLE_HEAD, title_justify="left"
+    )
     for column in columns:
         out.add_column(column.header, justify=column.justify, no_wrap=True)  # type: ignore[arg-type]
     for row in rows:
-        out.add_row(*row)
+        out.add_row(*(escape(cell) for cell in row))  # cells are text, never rich markup
     return out
 
 

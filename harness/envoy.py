@@ -560,7 +560,10 @@ class Envoy:
 
 # ---- Envoy as a plain load balancer (no EPP): the baselines of `harness bench routing` ----------
 
-LbPolicy = Literal["ROUND_ROBIN", "LEAST_REQUEST", "RANDOM"]
+# ROUND_ROBIN, LEAST_REQUEST and RANDOM are Envoy's own load balancers over a STATIC cluster;
+# HEADER sends each request where its `x-gateway-destination-endpoint` header says (an ORIGINAL_DST
+# cluster reading the header), for a client that picks the pod itself (the benchmark's oracle).
+LbPolicy = Literal["ROUND_ROBIN", "LEAST_REQUEST", "RANDOM", "HEADER"]
 
 
 def build_lb_bootstrap(
@@ -613,19 +616,33 @@ def build_lb_bootstrap(
             )
         ],
     )
-    lb_endpoints = [
-        LbEndpoint(endpoint=Endpoint(address=_socket(*_split_host_port(address)))) for address in endpoints
-    ]
-    cluster = Cluster(
-        name=MODEL_SERVERS_CLUSTER,
-        type=ClusterDiscoveryType.STATIC,
-        lb_policy=ClusterLbPolicy[lb_policy],
-        connect_timeout=_seconds(options.connect_timeout_s),
-        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
-        load_assignment=ClusterLoadAssignment(
-            cluster_name=MODEL_SERVERS_CLUSTER, endpoints=[LocalityLbEndpoints(lb_endpoints=lb_endpoints)]
-        ),
-    )
+    if lb_policy == "HEADER":
+        cluster = Cluster(
+            name=MODEL_SERVERS_CLUSTER,
+            type=ClusterDiscoveryType.ORIGINAL_DST,
+            lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
+            connect_timeout=_seconds(options.connect_timeout_s),
+            per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+            original_dst_lb_config=ClusterOriginalDstLbConfig(
+                use_http_header=True, http_header_name=DESTINATION_HEADER
+            ),
+        )
+    else:
+        lb_endpoints = [
+            LbEndpoint(endpoint=Endpoint(address=_socket(*_split_host_port(address))))
+            for address in endpoints
+        ]
+        cluster = Cluster(
+            name=MODEL_SERVERS_CLUSTER,
+            type=ClusterDiscoveryType.STATIC,
+            lb_policy=ClusterLbPolicy[lb_policy],
+            connect_timeout=_seconds(options.connect_timeout_s),
+            per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+            load_assignment=ClusterLoadAssignment(
+                cluster_name=MODEL_SERVERS_CLUSTER,
+                endpoints=[LocalityLbEndpoints(lb_endpoints=lb_endpoints)],
+            ),
+        )
     return Bootstrap(
         node=Node(id="epp-harness-envoy-lb", cluster="epp-harness"),
         admin=Admin(address=_socket(LOOPBACK, admin_port)),

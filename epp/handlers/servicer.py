@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.handlers.responses import ConstantReplies, Destination
 from epp.handlers.stream import ExtProcStream, PodScheduler, ProtocolError, RoutingView, StreamDeps
 from epp.metrics import RequestMetrics
@@ -43,6 +44,7 @@ class ExtProcServicer:
         metadata_namespace: str,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        accounting: Accounting = NO_ACCOUNTING,
     ) -> None:
         # Envoy hands header names over lower-cased; compare and mutate in that form.
         key = destination_header_key.lower()
@@ -54,6 +56,7 @@ class ExtProcServicer:
             clock=clock,
             destination=Destination(key, metadata_namespace),
             replies=ConstantReplies.build(key),
+            accounting=accounting,
         )
 
     def new_stream(self) -> ExtProcStream:

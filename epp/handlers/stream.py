@@ -34,6 +34,7 @@ from epp.api.types import InferenceModel, InferencePool
 from epp.datastore.types import PodMetrics
 from epp.errors import EppError, Internal, NoEndpoints
 from epp.handlers import responses
+from epp.handlers.accounting import NO_ACCOUNTING, Accounting, Dispatch
 from epp.handlers.request import not_found, parse_body, pick_target, rewrite_model
 from epp.handlers.usage import MAX_JSON_RESPONSE_BYTES, SseUsageScanner, Usage, usage_from_json
 from epp.metrics import RequestMetrics
@@ -79,6 +80,7 @@ class StreamDeps:
     clock: Callable[[], float]
     destination: responses.Destination
     replies: responses.ConstantReplies
+    accounting: Accounting = NO_ACCOUNTING
 
 
 def endpoint_of(pod: PodMetrics, pool: InferencePool) -> str:
@@ -106,6 +108,7 @@ class ExtProcStream:
         "_buffered_mode",
         "_deps",
         "_error_counted",
+        "_in_flight",
         "_json_body",
         "_received_at",
         "_response_done",
@@ -137,6 +140,7 @@ class ExtProcStream:
         self._json_body: list[bytes] = []
         self._response_size = 0
         self._response_done = False
+        self._in_flight: Dispatch | None = None
 
     # --- entry points ----------------------------------------------------------------------------
     def handle(self, raw: bytes) -> tuple[bytes | None, bool]:
@@ -188,6 +192,9 @@ class ExtProcStream:
 
     def close(self) -> None:
         """The stream ended (EOF, cancel or error): release what `request_routed` took."""
+        if self._in_flight is not None:
+            dispatch, self._in_flight = self._in_flight, None
+            self._deps.accounting.finished(dispatch)
         if self._routed:
             self._routed = False
             self._deps.metrics.request_finished(self.model)
@@ -235,7 +242,10 @@ class ExtProcStream:
         target = pick_target(model, deps.rng)
         self.target = target
         pool, pods = self._pool_and_pods()
-        picked = deps.scheduler.schedule(LLMRequest(parsed.model, target, model.is_critical), pods)
+        prefix = deps.accounting.prefix_query(parsed.fields, target)
+        request = LLMRequest(parsed.model, target, model.is_critical, len(prefix.hashes), prefix.matches)
+        picked = deps.scheduler.schedule(request, pods)
+        self._in_flight = deps.accounting.routed(picked, target, prefix)
         endpoint = endpoint_of(picked, pool)
         if target != parsed.model:
             body = rewrite_model(parsed, target)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from harness.bench import report
+from harness.bench.policies import epp_variant
 from harness.bench.runner import (
     DEFAULT_LENGTH_SCALE,
     DEFAULT_LOADS,
@@ -34,6 +35,9 @@ from harness.command import (
 from harness.console import ProgressBar, console, print_table, progress_bar
 
 DEFAULT_OUT: Final = Path("bench-results")
+# The shared-prefix prompts are long (~450 tokens at the default length scale): a KV cache that holds
+# a few of them per pod, and about one pod's worth of the 16 groups' system prompts.
+SHARED_PREFIX_GPU_BLOCKS: Final = 256
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +61,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="loads as fractions of the measured capacity (default 0.5,0.8,0.9,1.0,1.2)",
     )
     routing.add_argument("--repeats", type=int, default=3, help="traces per load (default 3)")
-    routing.add_argument("--requests", type=int, default=200, help="requests per trace (default 200)")
+    routing.add_argument(
+        "--requests",
+        type=int,
+        default=BenchConfig.requests,
+        help=f"requests per trace (default {BenchConfig.requests})",
+    )
     routing.add_argument(
         "--policies",
         type=lambda text: tuple(p for p in text.split(",") if p),
@@ -83,7 +92,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--time-scale",
         type=float,
         default=DEFAULT_SIM.time_scale,
-        help="wall seconds per simulated second (default 1)",
+        help=f"wall seconds per simulated second (default {DEFAULT_SIM.time_scale:g})",
     )
     routing.add_argument("--slo-ttft", type=float, default=Slo().ttft_s, help="goodput TTFT limit, s")
     routing.add_argument("--slo-itl", type=float, default=Slo().itl_s, help="goodput mean ITL limit, s")
@@ -102,6 +111,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="extra EPP flag (repeatable), e.g. --epp-arg=--scheduler=filter-tree",
     )
     routing.add_argument(
+        "--epp-variants",
+        type=lambda text: tuple(v for v in text.split(",") if v),
+        default=(),
+        metavar="V1,V2",
+        help="also run the EPP configured as each variant (an ablation): filter-tree, scorer, "
+        "no-<scorer> or only-<scorer> with scorer one of queue, kv_cache, prefix, lora, in_flight",
+    )
+    routing.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench-results)"
     )
 
@@ -117,8 +134,14 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
+    """The benchmark's settings; ValueError for an unknown EPP variant."""
+    for variant in args.epp_variants:
+        epp_variant(variant)
     shared = SharedPrefix() if args.workload == "shared-prefix" else None
     workload = default_workload(arrival=args.arrival, length_scale=args.length_scale, shared_prefix=shared)
+    sim = replace(DEFAULT_SIM, time_scale=args.time_scale)
+    if shared is not None:
+        sim = replace(sim, num_gpu_blocks=SHARED_PREFIX_GPU_BLOCKS)
     return BenchConfig(
         pods=args.pods,
         loads=tuple(args.loads),
@@ -126,11 +149,12 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         requests=args.requests,
         policies=tuple(args.policies),
         workload=workload,
-        sim=replace(DEFAULT_SIM, time_scale=args.time_scale),
+        sim=sim,
         slo=Slo(ttft_s=args.slo_ttft, itl_s=args.slo_itl),
         seed=args.seed,
         capacity_requests=args.capacity_requests,
         epp_args=tuple(args.epp_arg),
+        epp_variants=tuple(args.epp_variants),
     )
 
 

@@ -25,6 +25,7 @@ from harness.eventually import eventually
 from harness.kube import Kube
 from harness.kubelet import Kubelet
 from harness.sim import ModelServerSim, SimConfig, SimThread
+from harness.sim._engine import Counters
 
 SIM_PORT = 8000
 T = TypeVar("T")
@@ -112,12 +113,16 @@ class BenchPool:
             raise RuntimeError("the pool is not started")
         return self._thread.run(coro)
 
+    def server_ttfts(self) -> list[float]:
+        """TTFTs as the simulators saw them (arrival to first token) since the last reset."""
+        return [t for sim in self.sims for t in sim.call_on_loop(sim.engine.recent_ttfts)]
+
     def served_per_pod(self) -> list[int]:
         return [sum(sim.requests_by_model.values()) for sim in self.sims]
 
-    def late_s(self) -> float:
-        """Simulated seconds by which the simulators' steps ended late, summed (host too busy)."""
-        return sum(sim.call_on_loop(sim.engine.counters).late_s for sim in self.sims)
+    def counters(self) -> list[Counters]:
+        """Every simulator's engine counters (late steps, first-token times, adapter loads, ...)."""
+        return [sim.call_on_loop(sim.engine.counters) for sim in self.sims]
 
     def reset(self, time_scale: float | None = None, timeout: float = 30.0) -> None:
         """Wait until every simulator is idle, then back to a cold start (see ``ModelServerSim.reset``)."""

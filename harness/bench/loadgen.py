@@ -47,6 +47,7 @@ class Target:
 
     url: str  # the completions URL
     model: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 Router = Callable[[TraceRequest], Awaitable[Target]]
@@ -103,7 +104,7 @@ async def _one(
         target = await route(request)
         sent = loop.time()
         body = completion_body(request, target.model)
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **dict(target.headers)}
         async with session.post(target.url, data=body, headers=headers) as response:
             outcome.status = response.status
             if response.status != 200:

@@ -8,9 +8,10 @@
   ``[peers]``), skipped with a note when not installed. Bound to 127.0.0.1 explicitly (SGLang defaults
   to 0.0.0.0), each with its own Prometheus port, per-request logging off
   (reference/peer-routers.md, gotchas).
-* ``oracle``: no proxy; the client itself sends each request straight to the pod with the lowest
-  first-token estimate computed from the simulators' true state (queue, remaining output of every
-  running request, cached prefix, loaded adapters), read in-process. The best a router could do.
+* ``oracle``: the client itself picks the pod with the lowest first-token estimate computed from the
+  simulators' true state (queue, remaining output of every running request, cached prefix, loaded
+  adapters), read in-process, and sends the request through an Envoy that follows its pick. The
+  best a router could do, behind the same kind of proxy hop as the others.
 
 Every policy except the EPP sends the served model name (a base model or an adapter), so the model
 servers see the same requests whichever policy routes them.
@@ -18,7 +19,10 @@ servers see the same requests whichever policy routes them.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ from typing import Protocol
 
 from harness.bench.loadgen import Target
 from harness.bench.workload import TraceRequest
+from harness.envoy import DESTINATION_HEADER as DESTINATION
 from harness.envoy import Envoy, LbPolicy, LoadBalancerEnvoy
 from harness.epp_process import EppProcess
 from harness.eventually import eventually
@@ -38,6 +43,8 @@ COMPLETIONS = "/v1/completions"
 VLLM_ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware")
 SGLANG_ROUTER_POLICIES = ("round_robin", "cache_aware")
 _PEER_START_TIMEOUT_S = 30.0
+# A resumed EPP's metrics count as fresh again below this age (it scrapes every 50 ms).
+FRESH_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -64,12 +71,22 @@ class Policy(Protocol):
     def stop(self) -> None: ...
 
     def begin_run(self) -> None:
-        """A new run starts on freshly reset simulators (forget per-run state)."""
+        """A new run starts on freshly reset simulators (forget per-run state, wake up)."""
+        ...
+
+    def end_run(self) -> None:
+        """Its run is over; other policies' runs follow (an idle policy should cost no CPU)."""
         ...
 
     async def route(self, request: TraceRequest) -> Target:
         """Runs on the simulators' event loop, right before the request is sent."""
         ...
+
+
+def _signal_group(pid: int | None, sig: signal.Signals) -> None:
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
 
 
 def bin_path(name: str) -> Path | None:
@@ -104,6 +121,9 @@ class EnvoyPolicy:
     def begin_run(self) -> None:
         pass
 
+    def end_run(self) -> None:
+        pass
+
     async def route(self, request: TraceRequest) -> Target:
         return Target(self._url, request.served_model)
 
@@ -119,6 +139,7 @@ class EppPolicy:
     _epp: EppProcess | None = field(default=None, init=False)
     _envoy: Envoy | None = field(default=None, init=False)
     _url: str = field(default="", init=False)
+    _paused: bool = field(default=False, init=False)
 
     def start(self, pool: PoolView) -> None:
         try:
@@ -143,11 +164,15 @@ class EppPolicy:
             self._envoy = Envoy(self._epp.ext_proc_address)
             self._envoy.start()
             self._url = self._envoy.base_url + COMPLETIONS
+            self.end_run()
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
+        if self._paused and self._epp is not None:
+            _signal_group(self._epp.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            self._paused = False
         try:
             if self._envoy is not None:
                 self._envoy.stop()
@@ -162,7 +187,28 @@ class EppPolicy:
         return self._epp
 
     def begin_run(self) -> None:
-        pass
+        """Resume the EPP (paused between its runs) and wait until every pod's metrics are fresh."""
+        epp = self._epp
+        if epp is None or not self._paused:
+            return
+        _signal_group(epp.pid, signal.SIGCONT)
+        self._paused = False
+
+        def fresh() -> None:
+            pods = epp.datastore_view().get("pods") or []
+            ages = [p.get("metricsAgeSeconds") for p in pods]
+            assert ages, "the EPP holds no pod"
+            assert all(a is not None and a < FRESH_S for a in ages), f"metrics ages {ages}"
+
+        eventually(fresh, timeout=30, message="the resumed EPP scraped every pod again")
+
+    def end_run(self) -> None:
+        """Pause the EPP (SIGSTOP): its probes would otherwise scrape every pod 20 times a second
+        through every other policy's runs, taking CPU from them."""
+        epp = self._epp
+        if epp is not None and not self._paused:
+            _signal_group(epp.pid, signal.SIGSTOP)
+            self._paused = True
 
     async def route(self, request: TraceRequest) -> Target:
         return Target(self._url, request.model)
@@ -229,6 +275,9 @@ class PeerRouterPolicy:
     def begin_run(self) -> None:
         pass
 
+    def end_run(self) -> None:
+        pass
+
     async def route(self, request: TraceRequest) -> Target:
         return Target(self._url, request.served_model)
 
@@ -238,20 +287,35 @@ class PeerRouterPolicy:
 
 @dataclass
 class OraclePolicy:
+    """Picks with the simulators' true state; the request still goes through an Envoy (which follows
+    the oracle's destination header), so the oracle pays the same proxy hop as the other policies and
+    differs from them only in its decisions. ``proxy=False`` sends straight to the pod instead."""
+
     name: str = "oracle"
+    proxy: bool = True
     _sims: Sequence[ModelServerSim] = field(default=(), init=False)
     # Requests routed to each simulator this run; those it has not accepted yet are still on the wire.
     _routed: list[int] = field(default_factory=list, init=False)
+    _envoy: LoadBalancerEnvoy | None = field(default=None, init=False)
 
     def start(self, pool: PoolView) -> None:
         self._sims = tuple(pool.sims)
+        if self.proxy:
+            self._envoy = LoadBalancerEnvoy(pool.endpoints, "HEADER")
+            self._envoy.start()
         self.begin_run()
 
     def stop(self) -> None:
         self._sims = ()
+        if self._envoy is not None:
+            self._envoy.stop()
+            self._envoy = None
 
     def begin_run(self) -> None:
         self._routed = [0] * len(self._sims)
+
+    def end_run(self) -> None:
+        pass
 
     async def route(self, request: TraceRequest) -> Target:
         best = -1
@@ -272,7 +336,37 @@ class OraclePolicy:
                 best, best_estimate = i, estimate
         assert best >= 0, "the oracle has no pods"
         self._routed[best] += 1
-        return Target(self._sims[best].base_url + COMPLETIONS, request.served_model)
+        sim = self._sims[best]
+        if self._envoy is None:
+            return Target(sim.base_url + COMPLETIONS, request.served_model)
+        return Target(self._envoy.base_url + COMPLETIONS, request.served_model, ((DESTINATION, sim.address),))
+
+
+# Scorer name -> the EPP environment variable holding its weight.
+SCORER_WEIGHT_ENV = {
+    "queue": "QUEUE_SCORE_WEIGHT",
+    "kv_cache": "KV_CACHE_SCORE_WEIGHT",
+    "prefix": "PREFIX_CACHE_SCORE_WEIGHT",
+    "lora": "LORA_AFFINITY_SCORE_WEIGHT",
+    "in_flight": "IN_FLIGHT_SCORE_WEIGHT",
+}
+
+
+def epp_variant(variant: str, epp_args: Sequence[str] = ()) -> EppPolicy:
+    """An EPP configured differently, for ablations: ``filter-tree``, ``scorer``, ``no-<scorer>``
+    (the scorer scheduler with that scorer's weight 0) or ``only-<scorer>`` (every other weight 0)."""
+    args = [a for a in epp_args if not a.startswith("--scheduler")]
+    if variant in ("filter-tree", "scorer"):
+        return EppPolicy(f"epp[{variant}]", epp_args=(*args, f"--scheduler={variant}"))
+    kind, _, scorer = variant.partition("-")
+    if kind not in ("no", "only") or scorer not in SCORER_WEIGHT_ENV:
+        known = ", ".join(f"no-{s}, only-{s}" for s in SCORER_WEIGHT_ENV)
+        raise ValueError(f"unknown EPP variant {variant!r}: filter-tree, scorer, {known}")
+    if kind == "no":
+        env = {SCORER_WEIGHT_ENV[scorer]: "0"}
+    else:
+        env = {name: "0" for other, name in SCORER_WEIGHT_ENV.items() if other != scorer}
+    return EppPolicy(f"epp[{variant}]", epp_args=(*args, "--scheduler=scorer"), epp_env=env)
 
 
 def builtin_policies(epp_args: Sequence[str] = ()) -> list[Policy]:

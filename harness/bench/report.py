@@ -31,6 +31,7 @@ COLUMNS = (
     Column("TTFT p50"),
     Column("TTFT p90 (min-max)"),
     Column("TTFT p99"),
+    Column("server TTFT p90"),
     Column("ITL p50"),
     Column("ITL p90"),
     Column("ITL p99"),
@@ -43,6 +44,7 @@ COLUMNS = (
     Column("shed"),
     Column("errors"),
     Column("imbalance"),
+    Column("path"),
     Column("CPU lag"),
 )
 
@@ -75,6 +77,7 @@ def rows(result: BenchResult, loads: Sequence[float] | None = None) -> list[list
                     ms(agg["ttft_p50"].median),
                     f"{ms(p90.median)} ({ms(p90.low)}-{ms(p90.high)})",
                     ms(agg["ttft_p99"].median),
+                    ms(agg["server_ttft_p90"].median),
                     ms(agg["itl_p50"].median),
                     ms(agg["itl_p90"].median),
                     ms(agg["itl_p99"].median),
@@ -87,6 +90,7 @@ def rows(result: BenchResult, loads: Sequence[float] | None = None) -> list[list
                     _pct(agg["shed_rate"].median),
                     _pct(agg["error_rate"].median),
                     _num(agg["imbalance"].median, ".2f"),
+                    ms(agg["path_overhead"].median),
                     _pct(agg["lag"].median),
                 ]
             )

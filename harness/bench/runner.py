@@ -13,6 +13,7 @@ Order of work, and why:
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 
 from harness.bench.environment import BenchPool, PoolSpec
 from harness.bench.loadgen import Outcome, Target, replay
-from harness.bench.policies import OraclePolicy, Policy, builtin_policies, peer_policies
+from harness.bench.policies import OraclePolicy, Policy, builtin_policies, epp_variant, peer_policies
 from harness.bench.stats import RunResult, Slo, aggregate, summarize
 from harness.bench.workload import TraceRequest, WorkloadSpec, generate
 from harness.controlplane import ClusterAccess
@@ -29,21 +30,25 @@ from harness.sim import SimConfig
 DEFAULT_LOADS = (0.5, 0.8, 0.9, 1.0, 1.2)
 HEADLINE_LOAD = 0.9
 # The benchmark's simulated pod: a slice of an H100 serving an 8B model (constants in SimConfig).
-# 16 running sequences and 96 KV blocks (1,536 tokens) so that KV binds before the slots at high
-# load (preemptions happen), and 2 adapter slots for 4 adapters plus the base model.
+# 8 running sequences and 48 KV blocks (768 tokens) so that KV can bind before the slots at high
+# load (long requests get preempted), and 2 adapter slots for 4 adapters plus the base model.
+# Time runs 3x slower than real: the request rate the routers see (and the tokens this machine
+# must stream) stays within what 2 shared cores sustain, so latencies measure routing, not the host.
 DEFAULT_SIM = SimConfig(
     model="meta-llama/Llama-3.1-8B-Instruct",
     lora_adapters=("lora-0", "lora-1", "lora-2", "lora-3"),
     max_loras=2,
-    max_num_seqs=16,
-    num_gpu_blocks=96,
-    time_scale=1.0,
+    max_num_seqs=8,
+    num_gpu_blocks=48,
+    time_scale=3.0,
 )
 # ShareGPT-like lengths shrunk 16x (means ~10 prompt and ~21 output tokens) so that a run fits this
 # machine: tokens, not requests, cost the client and the simulators CPU.
 DEFAULT_LENGTH_SCALE = 1 / 16
 CAPACITY_FRACTIONS = (0.2, 0.8)
-CAPACITY_SLOWDOWN = 4.0
+# The probe runs at least this slow (wall seconds per simulated second): saturated pods emit tokens
+# at their fastest, and this machine must keep up or the probe would measure its CPU instead.
+CAPACITY_MIN_TIME_SCALE = 6.0
 
 
 class Reporter(Protocol):
@@ -76,15 +81,17 @@ class BenchConfig:
     pods: int = 8
     loads: tuple[float, ...] = DEFAULT_LOADS
     repeats: int = 3
-    requests: int = 200  # per run
+    requests: int = 100  # per run
     policies: tuple[str, ...] = ()  # names to run; empty: every available one
     workload: WorkloadSpec = field(default_factory=default_workload)
     sim: SimConfig = DEFAULT_SIM
     slo: Slo = field(default_factory=Slo)
-    capacity_requests: int = 400
+    capacity_requests: int = 300
     seed: int = 1
     namespace: str = "bench"
     epp_args: tuple[str, ...] = ()
+    # Extra EPP configurations run as policies of their own (``policies.epp_variant``), for ablations.
+    epp_variants: tuple[str, ...] = ()
 
     @property
     def time_scale(self) -> float:
@@ -108,7 +115,10 @@ class BenchResult:
 
 
 def select_policies(wanted: Sequence[str], epp_args: Sequence[str] = ()) -> tuple[list[Policy], list[str]]:
-    """The policies to run (all available when ``wanted`` is empty) and notes on the ones skipped."""
+    """The policies to run (all available when ``wanted`` is empty, "none" for none) and notes on the
+    ones skipped."""
+    if tuple(wanted) == ("none",):
+        return [], []
     candidates = builtin_policies(epp_args)
     peers, notes = peer_policies()
     candidates += peers
@@ -138,6 +148,7 @@ def run_benchmark(
     began = time.monotonic()
     report = reporter or _Silent()
     policies, notes = select_policies(config.policies, config.epp_args)
+    policies += [epp_variant(v, config.epp_args) for v in config.epp_variants]
     result = BenchResult(config, notes=list(notes))
     pool = BenchPool(access, config.namespace, PoolSpec(config.pods, config.sim), config.workload)
     started: list[Policy] = []
@@ -188,10 +199,17 @@ def replay_once(
 ) -> RunResult:
     pool.reset(config.time_scale)
     policy.begin_run()
-    late_before = pool.late_s()
-    began = time.monotonic()
-    outcomes = pool.run(replay(requests, policy.route, time_scale=config.time_scale))
-    span = time.monotonic() - began
+    try:
+        before = pool.counters()
+        began = time.monotonic()
+        outcomes = pool.run(replay(requests, policy.route, time_scale=config.time_scale))
+        span = time.monotonic() - began
+        after = pool.counters()
+        server_ttfts = pool.server_ttfts()
+    finally:
+        policy.end_run()
+    first_tokens = sum(a.first_tokens - b.first_tokens for a, b in zip(after, before, strict=True))
+    server_ttft = sum(a.ttft_sum_s - b.ttft_sum_s for a, b in zip(after, before, strict=True))
     return summarize(
         policy.name,
         load,
@@ -201,19 +219,21 @@ def replay_once(
         span_wall_s=span,
         per_pod=pool.served_per_pod(),
         slo=config.slo,
-        late_s=pool.late_s() - late_before,
+        late_s=sum(a.late_s - b.late_s for a, b in zip(after, before, strict=True)),
+        server_ttft_mean=server_ttft / first_tokens if first_tokens else math.nan,
+        server_ttfts=server_ttfts,
     )
 
 
 def measure_capacity(pool: BenchPool, config: BenchConfig) -> float:
     """Requests per simulated second the pool completes when saturated (see the module docstring)."""
-    oracle = OraclePolicy("capacity-probe")
+    oracle = OraclePolicy("capacity-probe", proxy=False)
     oracle.start(pool.view)
     burst = generate(
         replace(config.workload, requests=config.capacity_requests, rate=1e9, seed=config.seed - 1)
     )
     # Slower than the runs, so that the burst's token rate cannot make this machine the bottleneck.
-    scale = config.time_scale * CAPACITY_SLOWDOWN
+    scale = max(config.time_scale, CAPACITY_MIN_TIME_SCALE)
     pool.reset(scale)
     oracle.begin_run()
     done: list[float] = []
@@ -222,7 +242,10 @@ def measure_capacity(pool: BenchPool, config: BenchConfig) -> float:
         if outcome.ok:
             done.append(asyncio.get_running_loop().time())
 
-    outcomes = pool.run(replay(burst.requests, oracle.route, time_scale=scale, on_done=finished))
+    try:
+        outcomes = pool.run(replay(burst.requests, oracle.route, time_scale=scale, on_done=finished))
+    finally:
+        oracle.stop()
     failed = sum(1 for o in outcomes if not o.ok)
     if failed or len(done) < 10:
         raise RuntimeError(f"capacity probe: {failed} of {len(outcomes)} requests failed")

@@ -46,6 +46,17 @@ class RunResult:
     # Share of the run's simulated time the simulators' steps ran late because the host was busy
     # (averaged over pods). Above a few percent, latencies include this machine's CPU contention.
     lag: float = 0.0
+    # Mean TTFT as the client saw it and as the model servers saw it (arrival to first token): the
+    # difference is what the path in between (proxy, router) added.
+    ttft_mean: float = math.nan
+    server_ttft_mean: float = math.nan
+    # TTFT percentiles as the model servers measured them (arrival to first token): the routing's
+    # effect without the path in front of the servers.
+    server_ttft: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def path_overhead(self) -> float:
+        return self.ttft_mean - self.server_ttft_mean
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +86,8 @@ def summarize(
     per_pod: Sequence[int],
     slo: Slo,
     late_s: float = 0.0,
+    server_ttft_mean: float = math.nan,
+    server_ttfts: Sequence[float] = (),
 ) -> RunResult:
     scale = time_scale if time_scale > 0 else 1.0
     ok = [o for o in outcomes if o.ok]
@@ -110,6 +123,9 @@ def summarize(
         per_pod=list(per_pod),
         wall_s=span_wall_s,
         lag=late_s / (span * max(1, len(per_pod))),
+        ttft_mean=statistics.mean(ttfts) if ttfts else math.nan,
+        server_ttft_mean=server_ttft_mean,
+        server_ttft=_percentiles(server_ttfts),
     )
 
 
@@ -150,6 +166,8 @@ AGGREGATED: Mapping[str, Any] = {
     "error_rate": lambda r: r.errors / max(1, r.requests),
     "imbalance": lambda r: r.imbalance,
     "lag": lambda r: r.lag,
+    "path_overhead": lambda r: r.path_overhead,
+    "server_ttft_p90": lambda r: r.server_ttft.get("p90", math.nan),
 }
 
 

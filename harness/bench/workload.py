@@ -7,8 +7,9 @@ Where the shapes come from (no dataset is downloaded):
 - ShareGPT-like lengths: log-normal prompt and output lengths with the means the vLLM paper reports
   for ShareGPT (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
   PagedAttention", SOSP 2023, §6.1: 161.31 input and 337.99 output tokens on average). The spreads
-  (sigma of the logarithm) are our choice for ShareGPT's long tails; lengths are clipped at 1,024 input
-  and 2,048 output tokens as GIE's benchmark config does (reference/peers-and-simulators.md §4.1).
+  (sigma of the logarithm) are our choice for ShareGPT's long tails; lengths are clipped at 1,024
+  tokens each (GIE's benchmark config keeps ShareGPT inputs <= 1,024 and outputs <= 2,048 tokens,
+  reference/peers-and-simulators.md §4.1; the tighter output clip bounds how long a run drains).
   ``length_scale`` shrinks both (the benchmark uses it to fit a 2-core machine) keeping the shape.
 - Arrivals: Poisson, or gamma inter-arrival times with shape k (coefficient of variation 1/sqrt(k);
   k < 1 is burstier than Poisson), both at the same mean rate.
@@ -35,7 +36,7 @@ SHAREGPT_OUTPUT_MEAN = 337.99
 SHAREGPT_INPUT_SIGMA = 1.0
 SHAREGPT_OUTPUT_SIGMA = 0.8
 SHAREGPT_INPUT_MAX = 1024
-SHAREGPT_OUTPUT_MAX = 2048
+SHAREGPT_OUTPUT_MAX = 1024
 
 Arrival = Literal["poisson", "gamma"]
 DEFAULT_CRITICALITY_MIX = (("Critical", 0.6), ("Standard", 0.25), ("Sheddable", 0.15))
@@ -49,11 +50,16 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class SharedPrefix:
-    """inference-perf's shared_prefix shape: ``groups`` system prompts, questions appended to them."""
+    """inference-perf's shared_prefix shape: ``groups`` system prompts, questions appended to them.
+
+    Lengths are those of GIE's and llm-d's prefix-cache benchmark (6,000-token system prompt,
+    1,200-token question; reference/peers-and-simulators.md §4.2), before ``length_scale``; fewer
+    groups than their 150, so that a trace of a few hundred requests reuses each prefix.
+    """
 
     groups: int = 16
-    system_tokens: int = 600
-    question_tokens: int = 60
+    system_tokens: int = 6000
+    question_tokens: int = 1200
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from harness.sim._kv import BlockPool, blocks_for
 
 # How far (simulated seconds) the step loop may fall behind the wall clock and still catch up.
 MAX_CATCH_UP_S = 0.05
+MAX_RECENT_TTFTS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,10 @@ class Counters:
     # was too busy to run the step loop on time (0 on an unloaded machine; large means CPU-bound).
     busy_s: float = 0.0
     late_s: float = 0.0
+    lora_loads: int = 0
+    # Time to first token as the engine sees it (arrival at the server to first token), summed.
+    ttft_sum_s: float = 0.0
+    first_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +142,11 @@ class Engine:
         self._preemptions = 0
         self._busy_s = 0.0
         self._late_s = 0.0
+        self._lora_loads = 0
+        self._ttft_sum_s = 0.0
+        self._first_tokens = 0
+        # TTFTs since the last reset (server side: arrival to first token), for benchmark percentiles.
+        self._recent_ttfts: collections.deque[float] = collections.deque(maxlen=MAX_RECENT_TTFTS)
         self._time_scale = config.time_scale
         self._prefix_queries = 0
         self._prefix_hits = 0
@@ -161,8 +171,19 @@ class Engine:
 
     def counters(self) -> Counters:
         return Counters(
-            self._preemptions, self._prefix_queries, self._prefix_hits, self._busy_s, self._late_s
+            self._preemptions,
+            self._prefix_queries,
+            self._prefix_hits,
+            self._busy_s,
+            self._late_s,
+            self._lora_loads,
+            self._ttft_sum_s,
+            self._first_tokens,
         )
+
+    def recent_ttfts(self) -> tuple[float, ...]:
+        """Simulated TTFTs (arrival at this server to first token) of the requests since ``reset``."""
+        return tuple(self._recent_ttfts)
 
     def lora_series(self) -> list[tuple[str, str, float]]:
         """Every (running, waiting, last-update time) label set seen, oldest first."""
@@ -280,6 +301,7 @@ class Engine:
             raise RuntimeError("reset needs an idle engine")
         self._pool.reset()
         self._loaded.clear()
+        self._recent_ttfts.clear()
         self._record_lora_state()
         if time_scale is not None and time_scale != self._time_scale:
             if time_scale <= 0 or self._time_scale <= 0:
@@ -425,6 +447,7 @@ class Engine:
                     idle = next(name for name in self._loaded if name not in self._running_per_lora)
                     del self._loaded[idle]
                 self._loaded[req.lora] = None
+                self._lora_loads += 1
                 loads = 1
             self._running_per_lora[req.lora] += 1
         if req.admitted_at is None:
@@ -476,6 +499,11 @@ class Engine:
             self._record_lora_state()
 
     def _emit(self, req: _Request, now: float, finished: list[_Request]) -> None:
+        if req.generated == 0:
+            ttft = max(0.0, now - req.arrival)
+            self._ttft_sum_s += ttft
+            self._first_tokens += 1
+            self._recent_ttfts.append(ttft)
         req.generated += 1
         req.token_times.append(now)
         req.tokens_ready.set()

@@ -11,7 +11,9 @@ process/platform/GC collectors a real vLLM process exposes, so it is tens of KB 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import (
@@ -23,13 +25,16 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from harness.sim._config import DEFAULT_BUCKET_MODEL_LEN, SimConfig
 from harness.sim._engine import Engine, EngineState, Timings
 
 ENGINE_LABEL = "0"
+PROCESS_RENDER_INTERVAL_S = 1.0
+OBSERVED_RENDER_INTERVAL_S = 0.1
 
 # Bucket sets of vLLM's V1 Prometheus stat logger.
 TTFT_BUCKETS = (
@@ -157,6 +162,29 @@ class _StateCollector(Collector):
         return family
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _exposition(families: Iterable[Metric]) -> bytes:
+    """The text format of a few families, as ``generate_latest`` writes it, without its overhead
+    (this part of the page is rendered at every scrape)."""
+    out: list[str] = []
+    for family in families:
+        help_text = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        name = family.name + "_total" if family.type == "counter" else family.name
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n")
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()))
+            out.append(f"{sample.name}{{{labels}}} {_go_float(sample.value)}\n")
+    return "".join(out).encode()
+
+
+def _go_float(value: float) -> str:
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
 def _pick(override: float | None, real: float) -> float:
     return float(real) if override is None else float(override)
 
@@ -167,11 +195,20 @@ class SimMetrics:
     def __init__(self, config: SimConfig, engine: Engine) -> None:
         self.config = config
         self.engine = engine
-        # Two registries: scrape-time state (cheap) and the request histograms/counters, whose
-        # rendering (most of the page) is cached until the next observation.
+        # Three registries, rendered separately: scrape-time engine state (always current), the
+        # process/platform/GC collectors a real vLLM process also exposes (slow to render, slow to
+        # change: re-rendered at most every PROCESS_RENDER_INTERVAL_S) and the request histograms and
+        # counters (most of the page: re-rendered after new observations, at most every
+        # OBSERVED_RENDER_INTERVAL_S). Several EPPs scraping eight simulators every 50 ms in one
+        # process would otherwise spend a core rendering.
         self.live_registry = CollectorRegistry()
+        self.process_registry = CollectorRegistry()
         self.observed_registry = CollectorRegistry()
         self._observed_cache: bytes | None = None
+        self._observed_dirty = True
+        self._observed_at = 0.0
+        self._process_cache = b""
+        self._process_at = -math.inf
         # Replaced as a whole (one reference swap), so a test thread can pin values safely.
         self.overrides = GaugeOverrides()
         self._lock = threading.Lock()
@@ -191,11 +228,11 @@ class SimMetrics:
             "swap_space": "4",
             "swap_space_bytes": str(4 * 1024**3),
         }
-        live = self.live_registry
-        self.live_registry.register(_StateCollector(self))
-        ProcessCollector(registry=live)
-        PlatformCollector(registry=live)
-        GCCollector(registry=live)
+        self._state = _StateCollector(self)
+        self.live_registry.register(self._state)
+        ProcessCollector(registry=self.process_registry)
+        PlatformCollector(registry=self.process_registry)
+        GCCollector(registry=self.process_registry)
         reg = self.observed_registry
         labels = ("model_name", "engine")
 
@@ -291,9 +328,17 @@ class SimMetrics:
             self.request_success.labels(*child, reason)
 
     def render(self) -> bytes:
-        if self._observed_cache is None:
+        now = time.monotonic()
+        if now - self._process_at >= PROCESS_RENDER_INTERVAL_S:
+            self._process_cache = generate_latest(self.process_registry)
+            self._process_at = now
+        if self._observed_cache is None or (
+            self._observed_dirty and now - self._observed_at >= OBSERVED_RENDER_INTERVAL_S
+        ):
             self._observed_cache = generate_latest(self.observed_registry)
-        return generate_latest(self.live_registry) + self._observed_cache
+            self._observed_dirty = False
+            self._observed_at = now
+        return _exposition(self._state.collect()) + self._process_cache + self._observed_cache
 
     def pin(self, update: Callable[[GaugeOverrides], GaugeOverrides]) -> None:
         with self._lock:
@@ -307,7 +352,7 @@ class SimMetrics:
         self, *, prompt_tokens: int, generated: int, max_tokens: int, timings: Timings, reason: str
     ) -> None:
         child = (self.config.model, ENGINE_LABEL)
-        self._observed_cache = None
+        self._observed_dirty = True
         self.request_success.labels(*child, reason).inc()
         self.prompt_tokens.labels(*child).inc(prompt_tokens)
         self.generation_tokens.labels(*child).inc(generated)

@@ -25,6 +25,7 @@ from epp.api.types import InferenceModel, InferencePool, PodObject
 from epp.datastore import Datastore, PodMetrics, new_datastore
 from epp.errors import EppError
 from epp.handlers import ExtProcServicer, PodScheduler
+from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.metrics import RequestMetrics
 from epp.scheduling import LLMRequest
 from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
@@ -67,6 +68,9 @@ class Env:
     # Every reading advances the clock a little, so durations are positive and deterministic.
     clock_value: float = 1000.0
     clock_step: float = 0.25
+    # The routing memory (in flight per pod, prefixes per pod) in the datastore; off by default.
+    accounting: bool = False
+    prefix_aware: bool = False
     _servicer: ExtProcServicer | None = None
 
     def servicer(self) -> ExtProcServicer:
@@ -84,6 +88,11 @@ class Env:
             metadata_namespace=self.metadata_namespace,
             rng=self.rng,
             clock=self._tick,
+            accounting=(
+                Accounting(self.datastore, prefix_aware=self.prefix_aware)
+                if self.accounting
+                else NO_ACCOUNTING
+            ),
         )
 
     def _tick(self) -> float:

@@ -125,3 +125,16 @@ async def test_tokenize_and_render_give_prefix_stable_token_ids(address: str) ->
     assert tokenized["count"] == 2
     assert rendered[0]["token_ids"][:2] == tokenized["tokens"]
     assert len(rendered[0]["token_ids"]) == 3
+
+
+def test_the_fast_state_exposition_matches_prometheus_client() -> None:
+    from prometheus_client import generate_latest
+
+    from harness.sim._engine import Engine
+    from harness.sim._metrics import SimMetrics
+
+    config = SimConfig(model='odd "model" \\ name', lora_adapters=("a",), max_loras=1)
+    metrics = SimMetrics(config, Engine(config))
+    metrics.pin(lambda old: old)  # no pins: the real (idle) state
+    reference = generate_latest(metrics.live_registry)
+    assert metrics.render().startswith(reference)
