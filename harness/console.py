@@ -36,8 +36,15 @@ class Column:
 
 
 def table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[str]], caption: str = "") -> Table:
+    # No outer padding or edge: every row starts at the line's first column (easy to grep).
     out = Table(
-        title=escape(title), caption=escape(caption) or None, box=box.SIMPLE_HEAD, title_justify="left"
+        title=escape(title),
+        caption=escape(caption) or None,
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        caption_justify="left",
+        pad_edge=False,
+        show_edge=False,
     )
     for column in columns:
         out.add_column(column.header, justify=column.justify, no_wrap=True)  # type: ignore[arg-type]
