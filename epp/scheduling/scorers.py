@@ -14,7 +14,8 @@ ties broken at random. All pure functions of the request and the pods' snapshots
   requests for it already wait for a slot, 0 where every slot is held by other running adapters (a
   request sent there waits until one of them drains completely). For the base model: 1 everywhere.
   The adapters a pod runs are counted from the EPP's in-flight targets too, so the slots taken since
-  the last scrape are known.
+  the last scrape are known. A pod whose queue has reached queueing_threshold_lora (128) scores 0
+  whatever it runs, as the filter tree drops affinity there.
 * prefix: the share of the request's prompt blocks the pod was already sent (a likely prefix-cache
   hit, ``LLMRequest.prefix_matches``).
 
@@ -30,7 +31,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from epp.config import SchedulerConfig, ScorerWeights
+from epp.config import DEFAULT_QUEUEING_THRESHOLD_LORA, SchedulerConfig, ScorerWeights
 from epp.datastore.types import PodMetrics
 from epp.errors import NoEndpoints, ResourceExhausted
 from epp.scheduling.filters import LLMRequest
@@ -68,7 +69,9 @@ def in_flight_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
     return [1.0 - c / scale for c in counts]
 
 
-def lora_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
+def lora_scores(
+    request: LLMRequest, pods: Sequence[PodMetrics], queue_limit: int = DEFAULT_QUEUEING_THRESHOLD_LORA
+) -> Scores:
     adapters: set[str] = set()
     for p in pods:
         adapters |= p.metrics.active_models
@@ -80,7 +83,9 @@ def lora_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
     for p in pods:
         m = p.metrics
         running = (m.active_models | p.dispatched.models) & adapters
-        if target in running:
+        if m.waiting_queue_size >= queue_limit:
+            out.append(LORA_BLOCKED)  # as the filter tree: no affinity with a pod this far behind
+        elif target in running:
             out.append(LORA_RUNNING)
         elif len(running) < m.max_active_models:
             out.append(LORA_ROOM)
@@ -98,25 +103,25 @@ def prefix_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
     return [matches.get(p.pod.key, 0) / request.prefix_blocks for p in pods]
 
 
-Scorer = Callable[[LLMRequest, Sequence[PodMetrics]], Scores]
+Scorer = Callable[[LLMRequest, Sequence[PodMetrics], SchedulerConfig], Scores]
 
 # name -> (scorer, its weight in ScorerWeights)
 SCORERS: dict[str, tuple[Scorer, Callable[[ScorerWeights], float]]] = {
-    "queue": (queue_scores, lambda w: w.queue),
-    "kv_cache": (kv_cache_scores, lambda w: w.kv_cache),
-    "in_flight": (in_flight_scores, lambda w: w.in_flight),
-    "lora": (lora_scores, lambda w: w.lora),
-    "prefix": (prefix_scores, lambda w: w.prefix),
+    "queue": (lambda r, p, c: queue_scores(r, p), lambda w: w.queue),
+    "kv_cache": (lambda r, p, c: kv_cache_scores(r, p), lambda w: w.kv_cache),
+    "in_flight": (lambda r, p, c: in_flight_scores(r, p), lambda w: w.in_flight),
+    "lora": (lambda r, p, c: lora_scores(r, p, c.queueing_threshold_lora), lambda w: w.lora),
+    "prefix": (lambda r, p, c: prefix_scores(r, p), lambda w: w.prefix),
 }
 
 
-def total_scores(request: LLMRequest, pods: Sequence[PodMetrics], weights: ScorerWeights) -> Scores:
+def total_scores(request: LLMRequest, pods: Sequence[PodMetrics], config: SchedulerConfig) -> Scores:
     totals = [0.0] * len(pods)
     for scorer, weight_of in SCORERS.values():
-        weight = weight_of(weights)
+        weight = weight_of(config.weights)
         if weight == 0:
             continue
-        for i, score in enumerate(scorer(request, pods)):
+        for i, score in enumerate(scorer(request, pods, config)):
             totals[i] += weight * score
     return totals
 
@@ -155,7 +160,7 @@ class ScorerScheduler:
             for p in fresh
         ):
             raise ResourceExhausted(DROP_MESSAGE)
-        totals = total_scores(request, fresh, config.weights)
+        totals = total_scores(request, fresh, config)
         best = max(totals)
         winners = [p for p, total in zip(fresh, totals, strict=True) if total >= best - 1e-9]
         return winners[0] if len(winners) == 1 else self._rng.choice(winners)

@@ -14,7 +14,7 @@ from harness.demo.environment import SIM_PORT, DemoEnvironment
 from harness.demo.load import CONNECTION_ERROR, Outcome, status_class
 from harness.eventually import eventually
 
-ACCESS_LOG_TIMEOUT_S = 5.0
+ACCESS_LOG_TIMEOUT_S = 15.0
 
 
 @dataclass

@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 import pytest
 
-from epp.config import SCORER, SchedulerConfig, ScorerWeights
+from epp.config import FILTER_TREE, SCORER, SchedulerConfig, ScorerWeights
 from epp.datastore.types import Dispatched, PodMetrics
 from epp.errors import NoEndpoints, ResourceExhausted
 from epp.scheduling import LLMRequest, ScorerScheduler, new_scheduler
@@ -154,5 +154,14 @@ def test_stale_pods_are_not_scored_and_no_fresh_pod_sheds_non_critical() -> None
 
 
 def test_new_scheduler_builds_the_configured_kind() -> None:
-    assert isinstance(new_scheduler(SchedulerConfig()), Scheduler)
+    assert isinstance(new_scheduler(SchedulerConfig()), ScorerScheduler)  # the default since issue 11
+    assert isinstance(new_scheduler(SchedulerConfig(kind=FILTER_TREE)), Scheduler)
     assert isinstance(new_scheduler(SchedulerConfig(kind=SCORER)), ScorerScheduler)
+
+
+def test_affinity_does_not_hold_on_a_pod_with_an_excessive_queue() -> None:
+    config = SchedulerConfig(kind=SCORER)
+    affine = pm("affine", queue=config.queueing_threshold_lora, active=["lora-a"], max_lora=2)
+    other = pm("other", queue=6, active=["lora-b"], max_lora=2)
+    assert lora_scores(CRITICAL, [affine, other], config.queueing_threshold_lora) == [LORA_BLOCKED, LORA_ROOM]
+    assert scheduler(config).schedule(CRITICAL, [affine, other]).pod.key.name == "other"
