@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import sys
 import time
 from dataclasses import replace
@@ -195,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # sglang-router probes each worker with an HTTP/2 preface first (is it a gRPC server?); the
+    # simulators answer 400 as vLLM's HTTP/1 server would, and aiohttp would log a traceback each time.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     began = time.monotonic()
     status = 0
     plane = None

@@ -81,7 +81,7 @@ class BenchConfig:
     pods: int = 8
     loads: tuple[float, ...] = DEFAULT_LOADS
     repeats: int = 3
-    requests: int = 100  # per run
+    requests: int = 80  # per run
     policies: tuple[str, ...] = ()  # names to run; empty: every available one
     workload: WorkloadSpec = field(default_factory=default_workload)
     sim: SimConfig = DEFAULT_SIM

@@ -7,9 +7,10 @@ Where the shapes come from (no dataset is downloaded):
 - ShareGPT-like lengths: log-normal prompt and output lengths with the means the vLLM paper reports
   for ShareGPT (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
   PagedAttention", SOSP 2023, §6.1: 161.31 input and 337.99 output tokens on average). The spreads
-  (sigma of the logarithm) are our choice for ShareGPT's long tails; lengths are clipped at 1,024
-  tokens each (GIE's benchmark config keeps ShareGPT inputs <= 1,024 and outputs <= 2,048 tokens,
-  reference/peers-and-simulators.md §4.1; the tighter output clip bounds how long a run drains).
+  (sigma of the logarithm) are our choice for ShareGPT's long tails. Inputs are clipped at 1,024
+  tokens as GIE's benchmark config does (reference/peers-and-simulators.md §4.1); outputs at 512
+  (GIE keeps up to 2,048): a run lasts until its longest request ends, and this bound keeps a run
+  short. It trims the output mean from 338 to about 275 tokens.
   ``length_scale`` shrinks both (the benchmark uses it to fit a 2-core machine) keeping the shape.
 - Arrivals: Poisson, or gamma inter-arrival times with shape k (coefficient of variation 1/sqrt(k);
   k < 1 is burstier than Poisson), both at the same mean rate.
@@ -36,7 +37,7 @@ SHAREGPT_OUTPUT_MEAN = 337.99
 SHAREGPT_INPUT_SIGMA = 1.0
 SHAREGPT_OUTPUT_SIGMA = 0.8
 SHAREGPT_INPUT_MAX = 1024
-SHAREGPT_OUTPUT_MAX = 1024
+SHAREGPT_OUTPUT_MAX = 512
 
 Arrival = Literal["poisson", "gamma"]
 DEFAULT_CRITICALITY_MIX = (("Critical", 0.6), ("Standard", 0.25), ("Sheddable", 0.15))

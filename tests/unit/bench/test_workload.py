@@ -30,11 +30,11 @@ def test_lengths_follow_the_sharegpt_means_and_are_clipped() -> None:
     trace = generate(BIG)
     prompts = [r.prompt_tokens for r in trace.requests]
     outputs = [r.max_tokens for r in trace.requests]
-    # Clipping at 1,024 / 2,048 trims the log-normal tail a little, so the means land just below.
+    # Clipping at 1,024 input / 512 output tokens trims the log-normal tails, so the means land below.
     assert statistics.mean(prompts) == pytest.approx(SHAREGPT_INPUT_MEAN, rel=0.12)
-    assert statistics.mean(outputs) == pytest.approx(SHAREGPT_OUTPUT_MEAN, rel=0.08)
+    assert 0.7 * SHAREGPT_OUTPUT_MEAN < statistics.mean(outputs) < SHAREGPT_OUTPUT_MEAN
     assert max(prompts) <= 1024
-    assert max(outputs) <= 1024
+    assert max(outputs) <= 512
     assert statistics.median(prompts) < statistics.mean(prompts)  # long right tail
 
 
