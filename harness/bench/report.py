@@ -44,6 +44,7 @@ COLUMNS = (
     Column("shed"),
     Column("errors"),
     Column("imbalance"),
+    Column("prefix hits"),
     Column("path"),
     Column("CPU lag"),
 )
@@ -90,6 +91,7 @@ def rows(result: BenchResult, loads: Sequence[float] | None = None) -> list[list
                     _pct(agg["shed_rate"].median),
                     _pct(agg["error_rate"].median),
                     _num(agg["imbalance"].median, ".2f"),
+                    _pct(agg["prefix_hit_rate"].median),
                     ms(agg["path_overhead"].median),
                     _pct(agg["lag"].median),
                 ]
@@ -199,10 +201,29 @@ def describe(result: BenchResult) -> list[str]:
     ]
 
 
+def by_load_table(result: BenchResult, figure: str = "ttft_p90") -> list[str]:
+    """Markdown lines: one row per policy, one column per load, the median of ``figure``."""
+    table = result.aggregated()
+    loads = result.config.loads
+    lines = ["| policy | " + " | ".join(f"{load:g}" for load in loads) + " |"]
+    lines.append("|---|" + "---:|" * len(loads))
+    for policy in result.policies:
+        cells = [
+            ms(table[(policy, load)][figure].median) if (policy, load) in table else "-" for load in loads
+        ]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(result: BenchResult) -> str:
     lines = ["# Routing benchmark", ""]
     lines += [f"- {line}" for line in describe(result)]
     lines.append("")
+    if len(result.config.loads) > 1:
+        lines.append("TTFT p90 (median of repeats) by load:")
+        lines.append("")
+        lines += by_load_table(result)
+        lines.append("")
     header = [c.header for c in COLUMNS]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join("---:" if c.justify == "right" else "---" for c in COLUMNS) + "|")

@@ -208,8 +208,11 @@ def replay_once(
         server_ttfts = pool.server_ttfts()
     finally:
         policy.end_run()
-    first_tokens = sum(a.first_tokens - b.first_tokens for a, b in zip(after, before, strict=True))
-    server_ttft = sum(a.ttft_sum_s - b.ttft_sum_s for a, b in zip(after, before, strict=True))
+    pairs = list(zip(after, before, strict=True))
+    first_tokens = sum(a.first_tokens - b.first_tokens for a, b in pairs)
+    queried = sum(a.prefix_queries - b.prefix_queries for a, b in pairs)
+    hits = sum(a.prefix_hits - b.prefix_hits for a, b in pairs)
+    server_ttft = sum(a.ttft_sum_s - b.ttft_sum_s for a, b in pairs)
     return summarize(
         policy.name,
         load,
@@ -219,7 +222,8 @@ def replay_once(
         span_wall_s=span,
         per_pod=pool.served_per_pod(),
         slo=config.slo,
-        late_s=sum(a.late_s - b.late_s for a, b in zip(after, before, strict=True)),
+        late_s=sum(a.late_s - b.late_s for a, b in pairs),
+        prefix_hit_rate=hits / queried if queried else math.nan,
         server_ttft_mean=server_ttft / first_tokens if first_tokens else math.nan,
         server_ttfts=server_ttfts,
     )

@@ -53,6 +53,8 @@ class RunResult:
     # TTFT percentiles as the model servers measured them (arrival to first token): the routing's
     # effect without the path in front of the servers.
     server_ttft: dict[str, float] = field(default_factory=dict)
+    # Share of prompt tokens the model servers found in their prefix caches.
+    prefix_hit_rate: float = math.nan
 
     @property
     def path_overhead(self) -> float:
@@ -88,6 +90,7 @@ def summarize(
     late_s: float = 0.0,
     server_ttft_mean: float = math.nan,
     server_ttfts: Sequence[float] = (),
+    prefix_hit_rate: float = math.nan,
 ) -> RunResult:
     scale = time_scale if time_scale > 0 else 1.0
     ok = [o for o in outcomes if o.ok]
@@ -126,6 +129,7 @@ def summarize(
         ttft_mean=statistics.mean(ttfts) if ttfts else math.nan,
         server_ttft_mean=server_ttft_mean,
         server_ttft=_percentiles(server_ttfts),
+        prefix_hit_rate=prefix_hit_rate,
     )
 
 
@@ -168,6 +172,7 @@ AGGREGATED: Mapping[str, Any] = {
     "lag": lambda r: r.lag,
     "path_overhead": lambda r: r.path_overhead,
     "server_ttft_p90": lambda r: r.server_ttft.get("p90", math.nan),
+    "prefix_hit_rate": lambda r: r.prefix_hit_rate,
 }
 
 
