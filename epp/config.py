@@ -71,15 +71,46 @@ def _positive(setting: str, value: float) -> None:
         raise ConfigError(setting, value, "must be a positive, finite number")
 
 
+FILTER_TREE = "filter-tree"
+SCORER = "scorer"
+SCHEDULERS = (FILTER_TREE, SCORER)
+# The scorer scheduler won `harness bench routing` (README, "Routing quality"); the tree stays available.
+DEFAULT_SCHEDULER = SCORER
+DEFAULT_PREFIX_BLOCK_CHARS = 64
+DEFAULT_PREFIX_MAX_BLOCKS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class ScorerWeights:
+    """Weights of the scorer scheduler's scorers (env QUEUE_SCORE_WEIGHT etc.); 0 turns one off."""
+
+    queue: float = 1.0
+    kv_cache: float = 1.0
+    prefix: float = 2.0
+    lora: float = 3.0
+    in_flight: float = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Filter-tree thresholds (env overrides KV_CACHE_THRESHOLD etc. are read by the entry point)."""
+    """Which scheduler, and its settings (env overrides KV_CACHE_THRESHOLD etc. are read by the entry
+    point). The filter tree's thresholds also drive the scorer scheduler's shedding of non-critical
+    requests."""
 
     kv_cache_threshold: float = DEFAULT_KV_CACHE_THRESHOLD
     queue_threshold_critical: int = DEFAULT_QUEUE_THRESHOLD_CRITICAL
     queueing_threshold_lora: int = DEFAULT_QUEUEING_THRESHOLD_LORA
     lora_affinity_threshold: float = DEFAULT_LORA_AFFINITY_THRESHOLD
     metrics_staleness_threshold: float = DEFAULT_METRICS_STALENESS_THRESHOLD
+    kind: str = DEFAULT_SCHEDULER
+    weights: ScorerWeights = field(default_factory=ScorerWeights)
+    prefix_block_chars: int = DEFAULT_PREFIX_BLOCK_CHARS
+    prefix_max_blocks: int = DEFAULT_PREFIX_MAX_BLOCKS
+
+    @property
+    def prefix_aware(self) -> bool:
+        """Whether requests need prompt prefix hashes (only the scorer with a prefix weight uses them)."""
+        return self.kind == SCORER and self.weights.prefix > 0
 
     def __post_init__(self) -> None:
         _fraction("kv_cache_threshold", self.kv_cache_threshold)

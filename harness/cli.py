@@ -23,7 +23,7 @@ from harness import go_binaries
 from harness.binaries import kubectl_path
 from harness.controlplane import FULL, MINIMAL, ControlPlane, ControlPlaneStartError
 
-PLUGGABLE_COMMANDS: Final = ("demo", "replay")
+PLUGGABLE_COMMANDS: Final = ("demo", "replay", "bench")
 _WATCH_INTERVAL: Final = 0.5
 
 

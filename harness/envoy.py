@@ -34,6 +34,7 @@ import json
 import shutil
 import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -548,15 +549,7 @@ class Envoy:
             self._dir = self._given_dir
         else:
             self._dir = Path(tempfile.mkdtemp(prefix=temp_prefix("envoy")))
-        self.bootstrap = build_bootstrap(
-            listener_port=self.port,
-            admin_port=self.admin_port,
-            ext_proc_host=self.ext_proc_host,
-            ext_proc_port=self.ext_proc_port,
-            access_log_path=self.access_log_path,
-            options=self.options,
-            ext_proc_tls=self.ext_proc_tls,
-        )
+        self.bootstrap = self._build_bootstrap()
         config_path = self.dir / "bootstrap.json"
         config_path.write_text(bootstrap_json(self.bootstrap))
         args = ["-c", str(config_path)]
@@ -574,6 +567,17 @@ class Envoy:
             stop_timeout=self._stop_timeout,
         )
         self._process.start()
+
+    def _build_bootstrap(self) -> Bootstrap:
+        return build_bootstrap(
+            listener_port=self.port,
+            admin_port=self.admin_port,
+            ext_proc_host=self.ext_proc_host,
+            ext_proc_port=self.ext_proc_port,
+            access_log_path=self.access_log_path,
+            options=self.options,
+            ext_proc_tls=self.ext_proc_tls,
+        )
 
     def _reserve(self) -> int:
         reservation = reserve_port(LOOPBACK)
@@ -616,3 +620,115 @@ class Envoy:
         except FileNotFoundError:
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# ---- Envoy as a plain load balancer (no EPP): the baselines of `harness bench routing` ----------
+
+# ROUND_ROBIN, LEAST_REQUEST and RANDOM are Envoy's own load balancers over a STATIC cluster;
+# HEADER sends each request where its `x-gateway-destination-endpoint` header says (an ORIGINAL_DST
+# cluster reading the header), for a client that picks the pod itself (the benchmark's oracle).
+LbPolicy = Literal["ROUND_ROBIN", "LEAST_REQUEST", "RANDOM", "HEADER"]
+
+
+def build_lb_bootstrap(
+    *,
+    listener_port: int,
+    admin_port: int,
+    endpoints: Sequence[str],
+    lb_policy: LbPolicy,
+    options: EnvoyOptions = EnvoyOptions(),
+) -> Bootstrap:
+    """Envoy straight to the model servers with one of its own load-balancing policies.
+
+    A STATIC cluster of ``endpoints`` ("ip:port") with ``lb_policy`` (LEAST_REQUEST keeps Envoy's
+    default of two random choices), behind the same loopback listener and route timeout as the EPP's
+    bootstrap, without ext_proc or access log: what a user gets from a Kubernetes Service-like proxy.
+    """
+    hcm = HttpConnectionManager(
+        stat_prefix="ingress",
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        route_config=RouteConfiguration(
+            name="model_servers_route",
+            virtual_hosts=[
+                VirtualHost(
+                    name="all",
+                    domains=["*"],
+                    routes=[
+                        Route(
+                            match=RouteMatch(prefix="/"),
+                            route=RouteAction(
+                                cluster=MODEL_SERVERS_CLUSTER, timeout=_seconds(options.route_timeout_s)
+                            ),
+                        )
+                    ],
+                )
+            ],
+        ),
+        http_filters=[HttpFilter(name="envoy.filters.http.router", typed_config=AnyProto.pack(Router()))],
+    )
+    listener = Listener(
+        name="ingress",
+        address=_socket(LOOPBACK, listener_port),
+        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+        filter_chains=[
+            FilterChain(
+                filters=[
+                    Filter(
+                        name="envoy.filters.network.http_connection_manager", typed_config=AnyProto.pack(hcm)
+                    )
+                ]
+            )
+        ],
+    )
+    if lb_policy == "HEADER":
+        cluster = Cluster(
+            name=MODEL_SERVERS_CLUSTER,
+            type=ClusterDiscoveryType.ORIGINAL_DST,
+            lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
+            connect_timeout=_seconds(options.connect_timeout_s),
+            per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+            original_dst_lb_config=ClusterOriginalDstLbConfig(
+                use_http_header=True, http_header_name=DESTINATION_HEADER
+            ),
+        )
+    else:
+        lb_endpoints = [
+            LbEndpoint(endpoint=Endpoint(address=_socket(*_split_host_port(address))))
+            for address in endpoints
+        ]
+        cluster = Cluster(
+            name=MODEL_SERVERS_CLUSTER,
+            type=ClusterDiscoveryType.STATIC,
+            lb_policy=ClusterLbPolicy[lb_policy],
+            connect_timeout=_seconds(options.connect_timeout_s),
+            per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+            load_assignment=ClusterLoadAssignment(
+                cluster_name=MODEL_SERVERS_CLUSTER,
+                endpoints=[LocalityLbEndpoints(lb_endpoints=lb_endpoints)],
+            ),
+        )
+    return Bootstrap(
+        node=Node(id="epp-harness-envoy-lb", cluster="epp-harness"),
+        admin=Admin(address=_socket(LOOPBACK, admin_port)),
+        static_resources=BootstrapStaticResources(listeners=[listener], clusters=[cluster]),
+    )
+
+
+class LoadBalancerEnvoy(Envoy):
+    """An ``Envoy`` whose bootstrap is ``build_lb_bootstrap``: no EPP, Envoy picks the pod itself."""
+
+    def __init__(
+        self, endpoints: Sequence[str], lb_policy: LbPolicy, *, options: EnvoyOptions = EnvoyOptions()
+    ) -> None:
+        super().__init__("127.0.0.1:9", options=options)  # the ext_proc address is never used
+        self.endpoints = tuple(endpoints)
+        self.lb_policy = lb_policy
+
+    def _build_bootstrap(self) -> Bootstrap:
+        return build_lb_bootstrap(
+            listener_port=self.port,
+            admin_port=self.admin_port,
+            endpoints=self.endpoints,
+            lb_policy=self.lb_policy,
+            options=self.options,
+        )

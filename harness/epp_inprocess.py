@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from epp.api.types import NamespacedName
-from epp.config import ProberConfig, ServerConfig
+from epp.config import DEFAULT_SCHEDULER, ProberConfig, ServerConfig
 from epp.k8s.client import KubeClient
 from epp.k8s.config import load_kubeconfig
 from epp.k8s.controllers import Controllers, Reconcilers
@@ -37,6 +37,7 @@ class EppSettings:
     kubeconfig: Path
     refresh_interval: float = 0.05
     staleness_threshold: float = 2.0
+    scheduler: str = DEFAULT_SCHEDULER  # "filter-tree" or "scorer" (the EPP's --scheduler)
 
 
 class EppInProcess:
@@ -115,7 +116,9 @@ class EppInProcess:
         return replace(
             base,
             prober=ProberConfig(refresh_interval=s.refresh_interval),
-            scheduler=replace(base.scheduler, metrics_staleness_threshold=s.staleness_threshold),
+            scheduler=replace(
+                base.scheduler, metrics_staleness_threshold=s.staleness_threshold, kind=s.scheduler
+            ),
         )
 
     def _run_thread(self, started: Future[None]) -> None:

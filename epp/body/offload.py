@@ -94,7 +94,13 @@ class BodyScanner:
         extra = await child.stdout.readexactly(extra_size) if extra_size else None
         if kind != OK:
             raise BadRequest(str(meta["message"]))
-        return ScannedBody(str(meta["model"]), int(meta["start"]), int(meta["end"]), transcoded=extra)
+        return ScannedBody(
+            str(meta["model"]),
+            int(meta["start"]),
+            int(meta["end"]),
+            transcoded=extra,
+            prompt_head=str(meta["prompt"]),
+        )
 
     async def _running_child(self) -> asyncio.subprocess.Process:
         child = self._child

@@ -27,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from epp.body.prompt import prompt_head
 from epp.errors import BadRequest
 
 MODEL_KEY = "model"
+_PROMPT_KEYS = ("prompt", "messages")  # what a prefix-aware scheduler reads (`prompt_head`)
 _INVALID = "invalid JSON request body"
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -54,12 +56,14 @@ class ScannedBody:
     `transcoded` holds the body re-encoded as UTF-8 when the client sent UTF-16/32; it is None when
     the client's bytes are already UTF-8 (the common case: nothing is copied). `value_start` and
     `value_end` are byte offsets of the `model` value (quotes included) in that UTF-8 form.
+    `prompt_head` is the start of the prompt text (`epp.body.prompt`), for prefix-aware routing.
     """
 
     model: str
     value_start: int
     value_end: int
     transcoded: bytes | None = None
+    prompt_head: str = ""
 
 
 def _one_line(text: str) -> str:
@@ -87,31 +91,34 @@ def scan_body(raw: bytes) -> ScannedBody:
         text = raw.decode(encoding, "surrogatepass")
     except (UnicodeDecodeError, LookupError) as exc:
         raise _invalid(str(exc)) from exc
+    prompt_fields: dict[str, Any] = {}
     try:
-        start, end, model = _find_model(text)
+        start, end, model = _find_model(text, prompt_fields)
     except RecursionError as exc:
         raise BadRequest(f"{_INVALID}: nested too deeply") from exc
     if not isinstance(model, str):
         raise BadRequest(f'missing or non-string "{MODEL_KEY}" in request body')
+    head = prompt_head(prompt_fields.get("prompt"), prompt_fields.get("messages"))
     if encoding == "utf-8" and text.isascii():
-        return ScannedBody(model, start, end)  # one byte per character: offsets carry over as they are
+        # One byte per character: offsets carry over as they are.
+        return ScannedBody(model, start, end, prompt_head=head)
     if encoding in ("utf-8", "utf-8-sig"):
         skip = len(_UTF8_BOM) if encoding == "utf-8-sig" else 0
         byte_start = skip + len(text[:start].encode("utf-8", "surrogatepass"))
-        return ScannedBody(
-            model, byte_start, byte_start + len(text[start:end].encode("utf-8", "surrogatepass"))
-        )
+        byte_end = byte_start + len(text[start:end].encode("utf-8", "surrogatepass"))
+        return ScannedBody(model, byte_start, byte_end, prompt_head=head)
     utf8 = text.encode("utf-8", "surrogatepass")
     byte_start = len(text[:start].encode("utf-8", "surrogatepass"))
     byte_end = byte_start + len(text[start:end].encode("utf-8", "surrogatepass"))
-    return ScannedBody(model, byte_start, byte_end, transcoded=utf8)
+    return ScannedBody(model, byte_start, byte_end, transcoded=utf8, prompt_head=head)
 
 
-def _find_model(text: str) -> tuple[int, int, Any]:
+def _find_model(text: str, prompt_fields: dict[str, Any]) -> tuple[int, int, Any]:
     """Decode every top-level member of the object in `text`; (start, end, value) of `model`.
 
     Mirrors `json.decoder.JSONObject` one member at a time with the C scanner, so the work and the
-    error messages are those of `json.loads`. `model` absent: (0, 0, None).
+    error messages are those of `json.loads`. `model` absent: (0, 0, None). The decoded `prompt` and
+    `messages` members are left in `prompt_fields` (the last one wins, as with `json.loads`).
     """
     pos = _skip_whitespace(text, 0)
     if text[pos : pos + 1] != "{":
@@ -139,6 +146,8 @@ def _find_model(text: str) -> tuple[int, int, Any]:
                     raise BadRequest(f'duplicate "{MODEL_KEY}" in request body')
                 seen = True
                 found = (start, pos, value)
+            elif key in _PROMPT_KEYS:
+                prompt_fields[key] = value
             pos = _skip_whitespace(text, pos)
             delimiter = text[pos : pos + 1]
             pos = _skip_whitespace(text, pos + 1)

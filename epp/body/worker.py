@@ -40,7 +40,12 @@ def answer(raw: bytes) -> bytes:
         meta = json.dumps({"message": err.message}).encode()
         return REPLY_HEADER.pack(REFUSED, len(meta), 0) + meta
     meta = json.dumps(
-        {"model": scanned.model, "start": scanned.value_start, "end": scanned.value_end}
+        {
+            "model": scanned.model,
+            "start": scanned.value_start,
+            "end": scanned.value_end,
+            "prompt": scanned.prompt_head,
+        }
     ).encode()
     extra = scanned.transcoded or b""
     return b"".join((REPLY_HEADER.pack(OK, len(meta), len(extra)), meta, extra))

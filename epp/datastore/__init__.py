@@ -1,18 +1,20 @@
 """The single store of pool, models and pods (DESIGN.md §2).
 
-Writers: the three reconcilers (everything) and the per-pod prober (metrics only, and only for pods
-still present). Readers: scheduler, handlers, collectors and the debug view, through immutable
-snapshots. The implementation is private (`epp.datastore._store`); construct it with `new_datastore`.
+Writers: the three reconcilers (everything), the per-pod prober (metrics only, and only for pods
+still present) and the handlers (their routing memory only: requests in flight per pod, and which
+prompt prefixes went where). Readers: scheduler, handlers, collectors and the debug view, through
+immutable snapshots. The implementation is private (`epp.datastore._store`); construct it with
+`new_datastore`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from epp.api.types import InferenceModel, InferencePool, NamespacedName, PodObject
 from epp.datastore._store import new_datastore
-from epp.datastore.types import Metrics, Pod, PodMetrics
+from epp.datastore.types import Dispatched, Metrics, Pod, PodMetrics
 
 
 class PodLifecycleListener(Protocol):
@@ -86,9 +88,27 @@ class Datastore(Protocol):
         """
         ...
 
+    # --- routing memory: the handlers' only writes ------------------------------------------
+    def pod_dispatch_started(self, key: NamespacedName, target_model: str) -> bool:
+        """A request for ``target_model`` was routed to the pod (False: the pod is gone)."""
+        ...
+
+    def pod_dispatch_finished(self, key: NamespacedName, target_model: str) -> None:
+        """Its response ended (or the stream died); a no-op for a pod removed since."""
+        ...
+
+    def prefix_matches(self, hashes: Sequence[int]) -> Mapping[NamespacedName, int]:
+        """Pods holding a prefix of these prompt block hashes, with how many leading blocks."""
+        ...
+
+    def prefix_record(self, key: NamespacedName, hashes: Sequence[int]) -> None:
+        """The prompt with these block hashes was routed to the pod."""
+        ...
+
 
 __all__ = [
     "Datastore",
+    "Dispatched",
     "Metrics",
     "Pod",
     "PodLifecycleListener",

@@ -8,13 +8,16 @@ listener may read the store (or start a task that writes metrics) without deadlo
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from epp.api.types import InferenceModel, InferencePool, NamespacedName, PodObject
-from epp.datastore.types import Metrics, Pod, PodMetrics
+from epp.datastore._prefix import PrefixIndex
+from epp.datastore.types import Dispatched, Metrics, Pod, PodMetrics
 
 if TYPE_CHECKING:
     # Only for annotations: epp.datastore imports this module to export new_datastore.
@@ -26,15 +29,23 @@ log = logging.getLogger(__name__)
 _ADDED, _MOVED, _UNCHANGED = "added", "moved", "unchanged"
 
 
+DEFAULT_PREFIX_CAPACITY_PER_POD = 32768
+
+
 class _Store:
-    def __init__(self, listener: PodLifecycleListener | None) -> None:
-        # One lock guards _pool, _models and _pods together, so a clear() or a resync is atomic for
-        # readers. It is never held while calling out (listener, logging of other objects).
+    def __init__(self, listener: PodLifecycleListener | None, prefix_capacity_per_pod: int) -> None:
+        # One lock guards _pool, _models, _pods, _in_flight and _prefixes together, so a clear() or a
+        # resync is atomic for readers. It is never held while calling out (listener, logging of other
+        # objects).
         self._lock = threading.Lock()
         self._pool: InferencePool | None = None
         # modelName -> the object that currently owns it (smallest `claim_order` wins).
         self._models: dict[str, InferenceModel] = {}
         self._pods: dict[NamespacedName, PodMetrics] = {}
+        # The handlers' routing memory: requests in flight per pod and target model (mirrored into
+        # each PodMetrics.dispatched snapshot), and the prompt prefixes routed to each pod.
+        self._in_flight: dict[NamespacedName, collections.Counter[str]] = {}
+        self._prefixes = PrefixIndex(prefix_capacity_per_pod)
         self._listener = listener
 
     # --- pool ---------------------------------------------------------------------------------
@@ -61,6 +72,8 @@ class _Store:
             self._pool = None
             self._models.clear()
             self._pods.clear()
+            self._in_flight.clear()
+            self._prefixes.clear()
         for key in removed:
             self._notify(self._removed, key)
 
@@ -108,6 +121,7 @@ class _Store:
     def pod_delete(self, key: NamespacedName) -> None:
         with self._lock:
             removed = self._pods.pop(key, None) is not None
+            self._forget_routing(key)
         if removed:
             self._notify(self._removed, key)
 
@@ -117,6 +131,7 @@ class _Store:
             removed = [key for key in self._pods if key not in wanted]
             for key in removed:
                 del self._pods[key]
+                self._forget_routing(key)
             changes = [(self._put_pod(pod), key) for key, pod in wanted.items()]
         for key in removed:
             self._notify(self._removed, key)
@@ -138,8 +153,44 @@ class _Store:
             current = self._pods.get(key)
             if current is None or (address is not None and current.pod.address != address):
                 return False
-            self._pods[key] = PodMetrics(current.pod, metrics)
+            self._pods[key] = dataclasses.replace(current, metrics=metrics)
             return True
+
+    # --- routing memory (written by the handlers) ----------------------------------------------
+    def pod_dispatch_started(self, key: NamespacedName, target_model: str) -> bool:
+        with self._lock:
+            current = self._pods.get(key)
+            if current is None:
+                return False
+            counts = self._in_flight.setdefault(key, collections.Counter())
+            counts[target_model] += 1
+            self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts))
+            return True
+
+    def pod_dispatch_finished(self, key: NamespacedName, target_model: str) -> None:
+        with self._lock:
+            counts = self._in_flight.get(key)
+            if counts is None or counts[target_model] <= 0:
+                return  # the pod left (and came back) meanwhile: its old requests no longer count
+            counts[target_model] -= 1
+            if counts[target_model] == 0:
+                del counts[target_model]
+            current = self._pods.get(key)
+            if current is not None:
+                self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts))
+
+    def prefix_matches(self, hashes: Sequence[int]) -> Mapping[NamespacedName, int]:
+        if not hashes:
+            return {}
+        with self._lock:
+            return self._prefixes.matches(hashes)
+
+    def prefix_record(self, key: NamespacedName, hashes: Sequence[int]) -> None:
+        if not hashes:
+            return
+        with self._lock:
+            if key in self._pods:
+                self._prefixes.record(key, hashes)
 
     # --- internals ----------------------------------------------------------------------------
     def _put_pod(self, pod: PodObject) -> str:
@@ -150,7 +201,7 @@ class _Store:
             self._pods[pod.key] = PodMetrics(fresh)
             return _ADDED
         if current.pod != fresh:
-            self._pods[pod.key] = PodMetrics(fresh, current.metrics)
+            self._pods[pod.key] = dataclasses.replace(current, pod=fresh)
             return _MOVED if current.pod.address != fresh.address else _UNCHANGED
         return _UNCHANGED
 
@@ -159,6 +210,11 @@ class _Store:
             self._notify(self._added, key)
         elif change is _MOVED:
             self._notify(self._moved, key)
+
+    def _forget_routing(self, key: NamespacedName) -> None:
+        """Caller holds the lock; the pod left, so its counts and prefixes mean nothing any more."""
+        self._in_flight.pop(key, None)
+        self._prefixes.forget(key)
 
     def _added(self, key: NamespacedName) -> None:
         if self._listener is not None:
@@ -182,6 +238,17 @@ class _Store:
             log.exception("pod lifecycle listener failed for %s", key)
 
 
-def new_datastore(listener: PodLifecycleListener | None = None) -> Datastore:
-    """An empty store; `listener` hears every pod add/remove (the prober starts/stops refreshers)."""
-    return _Store(listener)
+def _dispatched(counts: collections.Counter[str]) -> Dispatched:
+    return Dispatched(sum(counts.values()), frozenset(counts))
+
+
+def new_datastore(
+    listener: PodLifecycleListener | None = None,
+    *,
+    prefix_capacity_per_pod: int = DEFAULT_PREFIX_CAPACITY_PER_POD,
+) -> Datastore:
+    """An empty store; `listener` hears every pod add/remove (the prober starts/stops refreshers).
+
+    ``prefix_capacity_per_pod`` bounds the routed-prefix memory (block hashes) kept per pod.
+    """
+    return _Store(listener, prefix_capacity_per_pod)

@@ -38,9 +38,23 @@ class Pod:
 
 
 @dataclass(frozen=True, slots=True)
+class Dispatched:
+    """Requests the EPP itself routed to a pod whose responses have not ended yet.
+
+    Unlike scraped metrics this is never stale: it changes the moment the EPP routes a request and
+    the moment Envoy closes that request's ext_proc stream. ``models`` are the target models (base
+    or adapter) of those requests.
+    """
+
+    count: int = 0
+    models: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class PodMetrics:
     pod: Pod
     metrics: Metrics = field(default_factory=Metrics)
+    dispatched: Dispatched = field(default_factory=Dispatched)
 
     def is_fresh(self, now: float, staleness_threshold: float) -> bool:
         updated = self.metrics.updated_at

@@ -22,6 +22,7 @@ import grpc
 
 from epp.body import BodyScanner
 from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
+from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.handlers.responses import ConstantReplies, Destination
 from epp.handlers.stream import ExtProcStream, PodScheduler, ProtocolError, RoutingView, StreamDeps
 from epp.metrics import RequestMetrics
@@ -47,6 +48,7 @@ class ExtProcServicer:
         clock: Callable[[], float] = time.monotonic,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         body_scanner: BodyScanner | None = None,
+        accounting: Accounting = NO_ACCOUNTING,
     ) -> None:
         # Envoy hands header names over lower-cased; compare and mutate in that form.
         key = destination_header_key.lower()
@@ -63,6 +65,7 @@ class ExtProcServicer:
             replies=ConstantReplies.build(key),
             body_scanner=scanner,
             max_body_bytes=max_request_body_bytes,
+            accounting=accounting,
         )
 
     async def aclose(self) -> None:

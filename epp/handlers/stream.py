@@ -43,6 +43,7 @@ from epp.body import BodyScanner, with_model
 from epp.datastore.types import PodMetrics
 from epp.errors import BadRequest, EppError, Internal, NoEndpoints, PayloadTooLarge
 from epp.handlers import responses
+from epp.handlers.accounting import NO_ACCOUNTING, Accounting, Dispatch
 from epp.handlers.request import not_found, pick_target
 from epp.handlers.usage import MAX_JSON_RESPONSE_BYTES, SseUsageScanner, Usage, usage_from_json
 from epp.metrics import UNKNOWN_MODEL, RequestMetrics
@@ -93,6 +94,7 @@ class StreamDeps:
     replies: responses.ConstantReplies
     body_scanner: BodyScanner
     max_body_bytes: int
+    accounting: Accounting = NO_ACCOUNTING
 
 
 def endpoint_of(pod: PodMetrics, pool: InferencePool) -> str:
@@ -123,6 +125,7 @@ class ExtProcStream:
         "_declared_length",
         "_deps",
         "_error_counted",
+        "_in_flight",
         "_json_body",
         "_received_at",
         "_response_done",
@@ -157,6 +160,7 @@ class ExtProcStream:
         self._json_body: list[bytes] = []
         self._response_size = 0
         self._response_done = False
+        self._in_flight: Dispatch | None = None
 
     # --- entry points ----------------------------------------------------------------------------
     async def handle(self, raw: bytes) -> tuple[bytes | None, bool]:
@@ -208,6 +212,9 @@ class ExtProcStream:
 
     def close(self) -> None:
         """The stream ended (EOF, cancel or error): release what `request_routed` took."""
+        if self._in_flight is not None:
+            dispatch, self._in_flight = self._in_flight, None
+            self._deps.accounting.finished(dispatch)
         if self._routed:
             self._routed = False
             self._deps.metrics.request_finished(self.model)
@@ -287,7 +294,10 @@ class ExtProcStream:
         target = pick_target(model, deps.rng)
         self.target = target
         pool, pods = self._pool_and_pods()
-        picked = deps.scheduler.schedule(LLMRequest(scanned.model, target, model.is_critical), pods)
+        prefix = deps.accounting.prefix_query(scanned.prompt_head, target)
+        request = LLMRequest(scanned.model, target, model.is_critical, len(prefix.hashes), prefix.matches)
+        picked = deps.scheduler.schedule(request, pods)
+        self._in_flight = deps.accounting.routed(picked, target, prefix)
         endpoint = endpoint_of(picked, pool)
         if target != scanned.model:
             body = with_model(raw, scanned, target)

@@ -10,19 +10,29 @@ the ORIGINAL input to the failure branch, exactly as upstream's engine does. A f
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
+from epp.api.types import NamespacedName
 from epp.datastore.types import PodMetrics
+
+NO_MATCHES: Mapping[NamespacedName, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
 class LLMRequest:
-    """What scheduling needs of a request. `target_model` is the resolved model (LoRA adapter)."""
+    """What scheduling needs of a request. `target_model` is the resolved model (LoRA adapter).
+
+    `prefix_blocks` is how many prompt blocks the request has, `prefix_matches` how many leading ones
+    each pod was already sent (the datastore's prefix memory); only the scorer scheduler reads them.
+    """
 
     model: str
     target_model: str
     critical: bool
+    prefix_blocks: int = 0
+    prefix_matches: Mapping[NamespacedName, int] = field(default_factory=lambda: NO_MATCHES)
 
 
 Pods = list[PodMetrics]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from epp import config as defaults
-from epp.config import ConfigError, MetricNames, ProberConfig, SchedulerConfig, ServerConfig
+from epp.config import ConfigError, MetricNames, ProberConfig, SchedulerConfig, ScorerWeights, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +237,14 @@ def _parser() -> _Parser:
         "--DestinationEndpointHintMetadataNamespace",
         default=defaults.DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE,
     )
+    p.add_argument(
+        "--scheduler",
+        choices=defaults.SCHEDULERS,
+        default=defaults.DEFAULT_SCHEDULER,
+        help="Not upstream: the v0.3.0 filter tree, or weighted scorers (queue, KV, LoRA affinity, "
+        "prefix, the EPP's own in-flight count; weights from QUEUE_SCORE_WEIGHT, KV_CACHE_SCORE_WEIGHT, "
+        "LORA_AFFINITY_SCORE_WEIGHT, PREFIX_CACHE_SCORE_WEIGHT, IN_FLIGHT_SCORE_WEIGHT).",
+    )
     p.add_argument("--totalQueuedRequestsMetric", default=defaults.DEFAULT_QUEUED_REQUESTS_METRIC)
     p.add_argument("--kvCacheUsagePercentageMetric", default=defaults.DEFAULT_KV_CACHE_USAGE_METRIC)
     p.add_argument("--loraInfoMetric", default=defaults.DEFAULT_LORA_INFO_METRIC)
@@ -298,9 +306,33 @@ def _env(environ: Mapping[str, str], name: str, convert: Callable[[str], T], def
         return default
 
 
-def scheduler_config(environ: Mapping[str, str], staleness: float) -> SchedulerConfig:
+def scorer_weights(environ: Mapping[str, str]) -> ScorerWeights:
+    """The scorer scheduler's weights; a negative or unparsable value falls back to the default."""
+    base = ScorerWeights()
+
+    def weight(name: str, default: float) -> float:
+        value = _env(environ, name, float, default)
+        if value < 0 or value != value:  # negative or NaN
+            log.warning("ignoring %s=%r: weights must be >= 0; using the default %r", name, value, default)
+            return default
+        return value
+
+    return ScorerWeights(
+        queue=weight("QUEUE_SCORE_WEIGHT", base.queue),
+        kv_cache=weight("KV_CACHE_SCORE_WEIGHT", base.kv_cache),
+        prefix=weight("PREFIX_CACHE_SCORE_WEIGHT", base.prefix),
+        lora=weight("LORA_AFFINITY_SCORE_WEIGHT", base.lora),
+        in_flight=weight("IN_FLIGHT_SCORE_WEIGHT", base.in_flight),
+    )
+
+
+def scheduler_config(
+    environ: Mapping[str, str], staleness: float, kind: str = defaults.DEFAULT_SCHEDULER
+) -> SchedulerConfig:
     """Upstream's env-tunable thresholds (v0.3.0); an unparsable value falls back to the default."""
     return SchedulerConfig(
+        kind=kind,
+        weights=scorer_weights(environ),
         kv_cache_threshold=_env(environ, "KV_CACHE_THRESHOLD", float, defaults.DEFAULT_KV_CACHE_THRESHOLD),
         queue_threshold_critical=_env(
             environ, "QUEUE_THRESHOLD_CRITICAL", int, defaults.DEFAULT_QUEUE_THRESHOLD_CRITICAL
@@ -366,6 +398,6 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
         refresh_prometheus_metrics_interval=ns.refreshPrometheusMetricsInterval,
         kubeconfig=ns.kubeconfig,
         max_request_body_bytes=ns.maxRequestBodyBytes,
-        scheduler=scheduler_config(environ, ns.metricsStalenessThreshold),
+        scheduler=scheduler_config(environ, ns.metricsStalenessThreshold, ns.scheduler),
         prober=ProberConfig(refresh_interval=ns.refreshMetricsInterval, metric_names=names),
     )

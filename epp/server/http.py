@@ -107,6 +107,8 @@ def _pod(pod: PodMetrics, now: float) -> dict[str, Any]:
             "maxActiveModels": m.max_active_models,
         },
         "metricsAgeSeconds": None if m.updated_at is None else max(0.0, now - m.updated_at),
+        # Requests this EPP routed to the pod whose responses have not ended yet.
+        "inFlight": pod.dispatched.count,
     }
 
 

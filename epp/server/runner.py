@@ -30,10 +30,11 @@ from epp.backend.metrics import Fetcher, MetricsFetcher, PodRefreshers, new_scra
 from epp.config import ServerConfig
 from epp.datastore import Datastore, new_datastore
 from epp.handlers import ExtProcServicer
+from epp.handlers.accounting import Accounting
 from epp.k8s import Controllers, KubeClient
 from epp.k8s.controllers import WatchProgress
 from epp.metrics import PoolCollector, RequestMetrics
-from epp.scheduling import Scheduler
+from epp.scheduling import new_scheduler
 from epp.server.health import HealthServicer
 from epp.server.http import bind_socket, debug_app, metrics_app
 from epp.server.supervisor import Supervisor
@@ -231,13 +232,20 @@ class Epp:
         refreshers = PodRefreshers(fetcher, config.prober, loop, self._clock)
         sup.on_stop("metrics-refreshers", refreshers.aclose)
         store = self._datastore = new_datastore(refreshers)
+        scheduling = config.scheduler
+        accounting = Accounting(
+            store,
+            prefix_aware=scheduling.prefix_aware,
+            block_chars=scheduling.prefix_block_chars,
+            max_blocks=scheduling.prefix_max_blocks,
+        )
 
         request_metrics = RequestMetrics(self._registry)
         collectors = (*request_metrics.collectors(), PoolCollector(store))
         self._registry.register(collectors[-1])
         sup.on_stop("metrics-registry", lambda: self._unregister(collectors))
 
-        scheduler = Scheduler(config.scheduler, self._rng, self._clock, pool_name=config.pool_name)
+        scheduler = new_scheduler(config.scheduler, self._rng, self._clock, pool_name=config.pool_name)
         servicer = ExtProcServicer(
             store,
             scheduler,
@@ -247,6 +255,7 @@ class Epp:
             rng=self._rng,
             clock=self._clock,
             max_request_body_bytes=config.max_request_body_bytes,
+            accounting=accounting,
         )
         # Registered before the ext_proc server, so it runs after the server has stopped (reverse
         # order): streams in their grace period may still be scanning a body.

@@ -12,6 +12,7 @@ from harness.sim._config import (
     DEFAULT_MODEL,
     DEFAULT_NUM_GPU_BLOCKS,
     DEFAULT_PORT,
+    DEFAULT_VLLM_VERSION,
     SimConfig,
 )
 from harness.sim._server import ModelServerSim
@@ -28,6 +29,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-gpu-blocks", type=int, default=DEFAULT_NUM_GPU_BLOCKS)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies every simulated delay")
+    p.add_argument(
+        "--vllm-version",
+        default=DEFAULT_VLLM_VERSION,
+        help="vLLM release whose metric names to publish (before 0.10: vllm:gpu_cache_usage_perc)",
+    )
     return p
 
 
@@ -53,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         num_gpu_blocks=args.num_gpu_blocks,
         max_model_len=args.max_model_len,
         time_scale=args.time_scale,
+        vllm_version=args.vllm_version,
     )
     asyncio.run(_serve(ModelServerSim(args.host, args.port, config)))
 

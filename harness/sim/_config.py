@@ -1,8 +1,9 @@
-"""Settings of one simulated vLLM model server."""
+"""Settings of one simulated vLLM model server, and where its constants come from."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_PORT = 8000
@@ -11,15 +12,75 @@ DEFAULT_MAX_LORAS = 1
 DEFAULT_NUM_GPU_BLOCKS = 1024
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_TOKENS = 16
-# 8B model on one H100, from the llm-d-inference-sim latency profiles.
-DEFAULT_TTFT_BASE_S = 0.03
-DEFAULT_PREFILL_PER_TOKEN_S = 0.0002
-DEFAULT_ITL_S = 0.012
-DEFAULT_LOAD_FACTOR = 2.0
+# vLLM V1's token budget per engine step for online serving (chunked prefill splits longer prompts).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+# Step-time model: one engine iteration (a batch of prefill chunks and decode tokens) takes
+#   step = base + prefill_token * (uncached prefill tokens) + decode_token * (decode tokens)
+#          + context_token * (tokens of context the batch attends to) [+ lora_load per adapter loaded]
+# base, prefill_token and decode_token are BLIS's coefficients for Llama-3.1-8B-Instruct on one H100
+# (TP=1) under vLLM v0.8.4, fitted to measured vLLM runs (inference-sim/inference-sim, defaults.yaml,
+# beta_coeffs = [5752.7, 17.25, 6.0] microseconds; the model is described in docs/approach.md). So a
+# decode step at batch 8 takes ~5.8 ms and a 1,000-token prefill ~23 ms, in line with
+# llm-d-inference-sim's 8B/H100 profile (ITL 10-15 ms and TTFT 60-120 ms under load).
+DEFAULT_STEP_BASE_S = 5.7527e-3
+DEFAULT_PREFILL_TOKEN_S = 17.25e-6
+DEFAULT_DECODE_TOKEN_S = 6.0e-6
+# BLIS has no context term; attention reads every context token's K and V once per step: 128 KiB per
+# token for Llama-3.1-8B (32 layers x 8 KV heads x 128 dims x K,V x 2 bytes) at the H100 SXM's
+# 3.35 TB/s HBM3 is 0.039 us per token of context (derived from the data sheet, not measured).
+DEFAULT_CONTEXT_TOKEN_S = 3.9e-8
+# Loading an adapter from host memory into a GPU slot blocks the step that needs it: a rank-16 adapter
+# on every linear layer of an 8B model is ~84 MB in bf16, ~3 ms over PCIe Gen5, plus vLLM's slot
+# activation; 10 ms is our rounded estimate (no published measurement found).
+DEFAULT_LORA_LOAD_S = 0.010
+
+# vLLM renamed the KV-cache gauge (and the prefix-cache counters) in 0.10: `vllm:gpu_cache_usage_perc`
+# became `vllm:kv_cache_usage_perc` (vllm PR #30041, reference/peers-and-simulators.md §2.9). A
+# simulator reports exactly one of the two name sets, the one of its `vllm_version`.
+KV_RENAME_VERSION = (0, 10, 0)
+DEFAULT_VLLM_VERSION = "0.11.0"
+OLD_VLLM_VERSION = "0.9.2"
+
 # Histogram buckets for token counts go up to this length when max_model_len is unset.
 DEFAULT_BUCKET_MODEL_LEN = 32768
 # Distinct `vllm:lora_requests_info` series kept (vLLM keeps every one it ever set).
 MAX_LORA_INFO_SERIES = 64
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """`0.9.2`, `0.10`, `0.11.0rc1` -> (major, minor, patch); ValueError otherwise."""
+    match = _VERSION.match(text)
+    if match is None:
+        raise ValueError(f"vllm_version must look like 0.10.1, got {text!r}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricNameSet:
+    """The version-dependent metric names of one vLLM release."""
+
+    kv_cache_usage: str
+    prefix_cache_queries: str
+    prefix_cache_hits: str
+
+
+NEW_NAMES = MetricNameSet(
+    kv_cache_usage="vllm:kv_cache_usage_perc",
+    prefix_cache_queries="vllm:prefix_cache_queries",
+    prefix_cache_hits="vllm:prefix_cache_hits",
+)
+OLD_NAMES = MetricNameSet(
+    kv_cache_usage="vllm:gpu_cache_usage_perc",
+    prefix_cache_queries="vllm:gpu_prefix_cache_queries",
+    prefix_cache_hits="vllm:gpu_prefix_cache_hits",
+)
+
+
+def metric_names(vllm_version: str) -> MetricNameSet:
+    return NEW_NAMES if parse_version(vllm_version) >= KV_RENAME_VERSION else OLD_NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +88,8 @@ class SimConfig:
     """How one simulated vLLM instance behaves.
 
     Times are simulated seconds; every sleep is multiplied by ``time_scale`` (0.01 runs 100x
-    faster) and the latency histograms on ``/metrics`` report the simulated values.
+    faster; 0 runs steps back to back, for tests) and the latency histograms on ``/metrics`` report
+    the simulated values.
     """
 
     model: str = DEFAULT_MODEL
@@ -36,14 +98,17 @@ class SimConfig:
     max_loras: int = DEFAULT_MAX_LORAS
     num_gpu_blocks: int = DEFAULT_NUM_GPU_BLOCKS
     block_size: int = DEFAULT_BLOCK_SIZE
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    enable_prefix_caching: bool = True
     # None: no length check; a request larger than the whole KV cache then runs alone.
     max_model_len: int | None = None
     default_max_tokens: int = DEFAULT_MAX_TOKENS
-    ttft_base_s: float = DEFAULT_TTFT_BASE_S
-    prefill_per_token_s: float = DEFAULT_PREFILL_PER_TOKEN_S
-    itl_s: float = DEFAULT_ITL_S
-    # Inter-token latency multiplier reached when all max_num_seqs slots are busy (1.0 at one).
-    load_factor: float = DEFAULT_LOAD_FACTOR
+    step_base_s: float = DEFAULT_STEP_BASE_S
+    prefill_token_s: float = DEFAULT_PREFILL_TOKEN_S
+    decode_token_s: float = DEFAULT_DECODE_TOKEN_S
+    context_token_s: float = DEFAULT_CONTEXT_TOKEN_S
+    lora_load_s: float = DEFAULT_LORA_LOAD_S
+    vllm_version: str = DEFAULT_VLLM_VERSION
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -55,7 +120,17 @@ class SimConfig:
             raise ValueError("LoRA adapters need max_loras >= 1")
         if self.num_gpu_blocks < 1 or self.block_size < 1:
             raise ValueError("num_gpu_blocks and block_size must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
         if self.time_scale < 0:
             raise ValueError("time_scale must be >= 0")
+        for name in ("step_base_s", "prefill_token_s", "decode_token_s", "context_token_s", "lora_load_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
         if self.model in self.lora_adapters:
             raise ValueError(f"LoRA adapter name {self.model!r} is the base model name")
+        parse_version(self.vllm_version)
+
+    @property
+    def metric_names(self) -> MetricNameSet:
+        return metric_names(self.vllm_version)

@@ -1,7 +1,9 @@
 """The simulator's ``/metrics`` page: real vLLM metric names on a per-instance registry.
 
-Gauges (queue, KV, LoRA) are computed at scrape time from the engine's state, with an optional
-override layer that tests pin; histograms and counters are observed as requests finish. The
+Gauges (queue, KV, LoRA) and the engine's counters (preemptions, prefix-cache queries and hits) are
+computed at scrape time from the engine's state, with an optional override layer that tests pin on
+the gauges; histograms and the request counters are observed as requests finish. The KV gauge and
+the prefix-cache counters carry the names of the configured ``vllm_version``, never both sets. The
 families, labels and bucket sets follow vLLM's V1 Prometheus logger, and the page carries the
 process/platform/GC collectors a real vLLM process exposes, so it is tens of KB as in production.
 """
@@ -9,7 +11,9 @@ process/platform/GC collectors a real vLLM process exposes, so it is tens of KB 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import (
@@ -21,13 +25,16 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from harness.sim._config import DEFAULT_BUCKET_MODEL_LEN, SimConfig
 from harness.sim._engine import Engine, EngineState, Timings
 
 ENGINE_LABEL = "0"
+PROCESS_RENDER_INTERVAL_S = 1.0
+OBSERVED_RENDER_INTERVAL_S = 0.1
 
 # Bucket sets of vLLM's V1 Prometheus stat logger.
 TTFT_BUCKETS = (
@@ -83,7 +90,7 @@ class _StateCollector(Collector):
     def __init__(self, sim_metrics: SimMetrics) -> None:
         self._m = sim_metrics
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         cfg = self._m.config
         state = self._m.engine.state()
         ov = self._m.overrides
@@ -105,12 +112,28 @@ class _StateCollector(Collector):
             "Number of requests waiting to be processed.",
             _pick(ov.waiting, state.waiting),
         )
+        names = cfg.metric_names
         kv = _pick(ov.kv_cache, state.kv_cache_usage)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv)
-        yield gauge(
-            "vllm:gpu_cache_usage_perc",
-            "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: use vllm:kv_cache_usage_perc.",
-            kv,
+        yield gauge(names.kv_cache_usage, "KV-cache usage. 1 means 100 percent usage.", kv)
+        counters = self._m.engine.counters()
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", counters.preemptions
+        )
+        yield counter(
+            names.prefix_cache_queries,
+            "Prefix cache queries, in terms of number of queried tokens.",
+            counters.prefix_queries,
+        )
+        yield counter(
+            names.prefix_cache_hits,
+            "Prefix cache hits, in terms of number of cached tokens.",
+            counters.prefix_hits,
         )
         yield self._lora_info(state, ov)
         info = GaugeMetricFamily(
@@ -139,6 +162,29 @@ class _StateCollector(Collector):
         return family
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _exposition(families: Iterable[Metric]) -> bytes:
+    """The text format of a few families, as ``generate_latest`` writes it, without its overhead
+    (this part of the page is rendered at every scrape)."""
+    out: list[str] = []
+    for family in families:
+        help_text = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        name = family.name + "_total" if family.type == "counter" else family.name
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n")
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()))
+            out.append(f"{sample.name}{{{labels}}} {_go_float(sample.value)}\n")
+    return "".join(out).encode()
+
+
+def _go_float(value: float) -> str:
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
 def _pick(override: float | None, real: float) -> float:
     return float(real) if override is None else float(override)
 
@@ -149,11 +195,20 @@ class SimMetrics:
     def __init__(self, config: SimConfig, engine: Engine) -> None:
         self.config = config
         self.engine = engine
-        # Two registries: scrape-time state (cheap) and the request histograms/counters, whose
-        # rendering (most of the page) is cached until the next observation.
+        # Three registries, rendered separately: scrape-time engine state (always current), the
+        # process/platform/GC collectors a real vLLM process also exposes (slow to render, slow to
+        # change: re-rendered at most every PROCESS_RENDER_INTERVAL_S) and the request histograms and
+        # counters (most of the page: re-rendered after new observations, at most every
+        # OBSERVED_RENDER_INTERVAL_S). Several EPPs scraping eight simulators every 50 ms in one
+        # process would otherwise spend a core rendering.
         self.live_registry = CollectorRegistry()
+        self.process_registry = CollectorRegistry()
         self.observed_registry = CollectorRegistry()
         self._observed_cache: bytes | None = None
+        self._observed_dirty = True
+        self._observed_at = 0.0
+        self._process_cache = b""
+        self._process_at = -math.inf
         # Replaced as a whole (one reference swap), so a test thread can pin values safely.
         self.overrides = GaugeOverrides()
         self._lock = threading.Lock()
@@ -162,7 +217,7 @@ class SimMetrics:
             "cache_dtype": "auto",
             "calculate_kv_scales": "False",
             "cpu_offload_gb": "0",
-            "enable_prefix_caching": "True",
+            "enable_prefix_caching": str(config.enable_prefix_caching),
             "gpu_memory_utilization": "0.9",
             "is_attention_free": "False",
             "num_cpu_blocks": "None",
@@ -173,11 +228,11 @@ class SimMetrics:
             "swap_space": "4",
             "swap_space_bytes": str(4 * 1024**3),
         }
-        live = self.live_registry
-        self.live_registry.register(_StateCollector(self))
-        ProcessCollector(registry=live)
-        PlatformCollector(registry=live)
-        GCCollector(registry=live)
+        self._state = _StateCollector(self)
+        self.live_registry.register(self._state)
+        ProcessCollector(registry=self.process_registry)
+        PlatformCollector(registry=self.process_registry)
+        GCCollector(registry=self.process_registry)
         reg = self.observed_registry
         labels = ("model_name", "engine")
 
@@ -189,17 +244,8 @@ class SimMetrics:
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return Histogram(name, doc, labels, registry=reg, buckets=buckets)
 
-        self.num_preemptions = counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
-        )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.prefix_cache_queries = counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
-        )
-        self.prefix_cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
-        )
         self.request_success = counter(
             "vllm:request_success", "Count of successfully processed requests.", ("finished_reason",)
         )
@@ -270,8 +316,7 @@ class SimMetrics:
         # vLLM creates every labelled child up front, so the page is full-size before traffic.
         child = (config.model, ENGINE_LABEL)
         for metric in (
-            self.num_preemptions, self.prompt_tokens, self.generation_tokens, self.prefix_cache_queries,
-            self.prefix_cache_hits, self.iteration_tokens, self.request_prompt_tokens,
+            self.prompt_tokens, self.generation_tokens, self.iteration_tokens, self.request_prompt_tokens,
             self.request_generation_tokens, self.request_max_num_generation_tokens, self.request_params_n,
             self.request_params_max_tokens, self.time_to_first_token, self.time_per_output_token,
             self.inter_token_latency, self.request_time_per_output_token, self.e2e_request_latency,
@@ -283,9 +328,17 @@ class SimMetrics:
             self.request_success.labels(*child, reason)
 
     def render(self) -> bytes:
-        if self._observed_cache is None:
+        now = time.monotonic()
+        if now - self._process_at >= PROCESS_RENDER_INTERVAL_S:
+            self._process_cache = generate_latest(self.process_registry)
+            self._process_at = now
+        if self._observed_cache is None or (
+            self._observed_dirty and now - self._observed_at >= OBSERVED_RENDER_INTERVAL_S
+        ):
             self._observed_cache = generate_latest(self.observed_registry)
-        return generate_latest(self.live_registry) + self._observed_cache
+            self._observed_dirty = False
+            self._observed_at = now
+        return _exposition(self._state.collect()) + self._process_cache + self._observed_cache
 
     def pin(self, update: Callable[[GaugeOverrides], GaugeOverrides]) -> None:
         with self._lock:
@@ -295,16 +348,11 @@ class SimMetrics:
         with self._lock:
             self.overrides = GaugeOverrides()
 
-    def observe_arrival(self, prompt_tokens: int) -> None:
-        child = (self.config.model, ENGINE_LABEL)
-        self.prefix_cache_queries.labels(*child).inc(prompt_tokens)
-        self._observed_cache = None
-
     def observe_finished(
         self, *, prompt_tokens: int, generated: int, max_tokens: int, timings: Timings, reason: str
     ) -> None:
         child = (self.config.model, ENGINE_LABEL)
-        self._observed_cache = None
+        self._observed_dirty = True
         self.request_success.labels(*child, reason).inc()
         self.prompt_tokens.labels(*child).inc(prompt_tokens)
         self.generation_tokens.labels(*child).inc(generated)

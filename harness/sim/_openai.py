@@ -6,6 +6,7 @@ import dataclasses
 import math
 import time
 import uuid
+import zlib
 from typing import Any, Literal
 
 Kind = Literal["completion", "chat"]
@@ -47,6 +48,9 @@ class ParsedRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    # The prompt as the simulator's tokenizer sees it (CHARS_PER_TOKEN characters a token), for
+    # prefix-cache hashing and /tokenize.
+    prompt_text: str = ""
 
 
 def count_tokens(chars: int) -> int:
@@ -65,10 +69,10 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     if model is not None and not isinstance(model, str):
         raise bad_request("`model` must be a string.")
     if kind == "completion":
-        chars = _prompt_chars(body.get("prompt"))
+        text = prompt_text(body.get("prompt"))
         max_tokens = _positive_int(body, "max_tokens")
     else:
-        chars = _messages_chars(body.get("messages"))
+        text = _messages_text(body.get("messages"))
         max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
     n = body.get("n", 1)
     if n is not None and n != 1:
@@ -89,10 +93,11 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     return ParsedRequest(
         kind=kind,
         model=model,
-        prompt_tokens=count_tokens(chars),
+        prompt_tokens=count_tokens(len(text)),
         max_tokens=max_tokens,
         stream=stream,
         include_usage=include_usage,
+        prompt_text=text,
     )
 
 
@@ -105,36 +110,50 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _prompt_chars(prompt: object) -> int:
-    if isinstance(prompt, str):
-        return len(prompt)
+def prompt_text(prompt: object) -> str:
+    """A completion prompt as text; token ids become CHARS_PER_TOKEN characters each."""
+    if isinstance(prompt, str) and prompt:
+        return prompt
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return sum(len(p) for p in prompt)
+            return "".join(prompt)
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            return len(prompt) * CHARS_PER_TOKEN
+            return _ids_text(prompt)
         if all(isinstance(p, list) for p in prompt):
-            return sum(len(p) for p in prompt) * CHARS_PER_TOKEN
+            return "".join(_ids_text(p) for p in prompt)
     raise bad_request("`prompt` must be a non-empty string, list of strings or list of token ids.")
 
 
-def _messages_chars(messages: object) -> int:
+def _ids_text(ids: list[Any]) -> str:
+    return "".join(f"{i % 10**CHARS_PER_TOKEN:0{CHARS_PER_TOKEN}d}" for i in ids)
+
+
+def _messages_text(messages: object) -> str:
     if not isinstance(messages, list) or not messages:
         raise bad_request("`messages` must be a non-empty list.")
-    chars = 0
+    parts: list[str] = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request("Each message must be an object with a string `role`.")
         content = message.get("content")
         if isinstance(content, str):
-            chars += len(content)
+            parts.append(content)
         elif isinstance(content, list):
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    chars += len(part["text"])
+                    parts.append(part["text"])
         elif content is not None:
             raise bad_request("Message `content` must be a string or a list of content parts.")
-    return chars
+    return "".join(parts)
+
+
+VOCAB_SIZE = 32000
+
+
+def token_ids(text: str) -> list[int]:
+    """The simulator's tokenizer: one id per CHARS_PER_TOKEN characters, stable for equal text."""
+    step = CHARS_PER_TOKEN
+    return [zlib.crc32(text[i : i + step].encode()) % VOCAB_SIZE for i in range(0, len(text), step)]
 
 
 # ---- responses -------------------------------------------------------------------------------

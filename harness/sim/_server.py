@@ -8,9 +8,9 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from harness.sim import _openai as oai
 from harness.sim._config import DEFAULT_PORT, SimConfig
 from harness.sim._engine import Engine, EngineState, Run
+from harness.sim._kv import text_block_hashes
 from harness.sim._metrics import GaugeOverrides, SimMetrics
 from harness.sim._received import ReceivedLog, ReceivedRequest
 
@@ -30,6 +31,8 @@ _CLIENT_MAX_SIZE = 64 * 1024 * 1024
 # How long stop() lets in-flight requests finish before cancelling them.
 _SHUTDOWN_TIMEOUT_S = 1.0
 _CROSS_THREAD_TIMEOUT_S = 10.0
+
+T = TypeVar("T")
 
 
 class ModelServerSim:
@@ -82,6 +85,8 @@ class ModelServerSim:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/v1/completions/render", self._render)
         app.router.add_post("/v1/load_lora_adapter", self._load_lora)
         app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
         app.on_response_prepare.append(self._add_served_by)
@@ -105,6 +110,7 @@ class ModelServerSim:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        await self.engine.aclose()
         self._loop = None
 
     async def __aenter__(self) -> Self:
@@ -183,6 +189,28 @@ class ModelServerSim:
 
         return asyncio.run_coroutine_threadsafe(read(), loop).result(_CROSS_THREAD_TIMEOUT_S)
 
+    def reset(self, time_scale: float | None = None) -> None:
+        """Cold start between benchmark runs: empty prefix cache, no adapter loaded, no pins, counts zero.
+
+        The engine must be idle (every request finished); any thread. ``time_scale`` changes the
+        speed of simulated time from now on (``Engine.reset``).
+        """
+        self.call_on_loop(lambda: self.engine.reset(time_scale))
+        self.metrics.clear()
+        with self._counts_lock:
+            self._counts.clear()
+
+    def call_on_loop(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the simulator's event loop (engine state is only touched there)."""
+        loop = self._loop
+        if loop is None or _on_loop(loop):
+            return fn()
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(_CROSS_THREAD_TIMEOUT_S)
+
     def metrics_text(self) -> str:
         """The ``/metrics`` page as a scrape would see it now."""
         loop = self._loop
@@ -223,6 +251,37 @@ class ModelServerSim:
                 )
             )
         return web.json_response({"object": "list", "data": cards})
+
+    def block_hashes(self, prompt_text: str, lora: str | None) -> tuple[int, ...]:
+        """The prefix-cache keys of a prompt's full blocks on this server (the adapter salts them)."""
+        return text_block_hashes(prompt_text, self.config.block_size, oai.CHARS_PER_TOKEN, salt=lora)
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/tokenize`` (vllm-router's cache_aware falls back to it): token ids of a prompt."""
+        try:
+            body = await _read_json(request)
+            if isinstance(body, dict) and "messages" in body:
+                text = oai.parse_request("chat", {"max_tokens": 1, **body}).prompt_text
+            else:
+                text = oai.prompt_text(body.get("prompt") if isinstance(body, dict) else None)
+        except oai.OpenAIError as err:
+            return _error_response(err)
+        tokens = oai.token_ids(text)
+        return web.json_response(
+            {"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens}
+        )
+
+    async def _render(self, request: web.Request) -> web.Response:
+        """vLLM's ``/v1/completions/render``: the prompt(s) as token ids, without generating."""
+        try:
+            body = await _read_json(request)
+            prompt = body.get("prompt") if isinstance(body, dict) else None
+            several = isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)
+            prompts: list[Any] = prompt if several and isinstance(prompt, list) else [prompt]
+            rendered = [{"token_ids": oai.token_ids(oai.prompt_text(p))} for p in prompts]
+        except oai.OpenAIError as err:
+            return _error_response(err)
+        return web.json_response(rendered)
 
     async def _load_lora(self, request: web.Request) -> web.Response:
         try:
@@ -271,9 +330,13 @@ class ModelServerSim:
 
         with self._counts_lock:
             self._counts[model] += 1
-        self.metrics.observe_arrival(parsed.prompt_tokens)
         lora = None if model == cfg.model else model
-        run = self.engine.submit(lora=lora, prompt_tokens=parsed.prompt_tokens, max_tokens=max_tokens)
+        run = self.engine.submit(
+            lora=lora,
+            prompt_tokens=parsed.prompt_tokens,
+            max_tokens=max_tokens,
+            block_hashes=self.block_hashes(parsed.prompt_text, lora),
+        )
         ids = oai.ResponseIds.new(kind, model)
         finished = False
         try:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Coroutine
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar
 
 from harness.sim._server import ModelServerSim
 
 DEFAULT_STARTUP_TIMEOUT_S = 10.0
 DEFAULT_STOP_TIMEOUT_S = 10.0
+
+T = TypeVar("T")
 
 
 class SimThread:
@@ -35,6 +38,18 @@ class SimThread:
     @property
     def sim(self) -> ModelServerSim:
         return self.sims[0]
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the simulators' own loop and wait for its result.
+
+        For work that must share the loop with the simulators: reading engine state between steps,
+        or a load generator that should not pay a thread hop per request.
+        """
+        loop = self._loop
+        if loop is None:
+            coro.close()
+            raise RuntimeError("the simulator thread is not running")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
     def start(self) -> Self:
         if self._thread is not None:

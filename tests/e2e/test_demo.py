@@ -65,6 +65,14 @@ def test_demo_prints_the_report_exits_0_and_leaves_nothing_running() -> None:
     assert envoy_total is not None, output
     assert sims_total.group(1) == envoy_total.group(1), output
 
+    # Saturation is real load: when the phase began, the EPP had scraped every pod past a shedding
+    # threshold (more than 5 waiting or KV above 80%) caused by the background requests.
+    seen = re.search(r"the EPP saw, per pod, when the phase began: (.*)$", out, re.MULTILINE)
+    assert seen is not None, output
+    per_pod = re.findall(r"(\d+) waiting / KV ([\d.]+)%", seen.group(1))
+    assert len(per_pod) == 4, output
+    assert all(int(waiting) > 5 or float(kv) > 80 for waiting, kv in per_pod), output
+
     # Saturated phase: the Sheddable model is shed with 429, the Critical ones are still served.
     def saturated_row(model: str) -> list[str]:
         row = re.search(

@@ -47,7 +47,11 @@ def send(client: openai.OpenAI) -> str:
 
 
 def test_adapter_requests_concentrate_on_the_pod_running_it(stack_factory: StackFactory) -> None:
-    stack = stack_factory(pods=4, sim_config=SIM, epp_env={"LORA_AFFINITY_THRESHOLD": "1"})
+    # The filter tree's soft affinity (its LORA_AFFINITY_THRESHOLD knob); the default scorer
+    # scheduler weighs affinity against load instead (tests/unit/scheduling/test_scorers.py).
+    stack = stack_factory(
+        pods=4, sim_config=SIM, epp_env={"LORA_AFFINITY_THRESHOLD": "1"}, epp_args=["--scheduler=filter-tree"]
+    )
     testbed = bed(stack)
     address_to_pod = {endpoint(stack, name): name for name in testbed.pods}
 

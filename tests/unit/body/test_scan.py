@@ -169,3 +169,21 @@ def test_any_object_keeps_every_other_member(
     assert scanned.model == model
     out = with_model(sent, scanned, target)
     assert json.loads(out) == {**dict(items), "model": target}
+
+
+@pytest.mark.parametrize(
+    ("raw", "head"),
+    [
+        pytest.param(b'{"model": "m", "prompt": "hello"}', "hello", id="completion"),
+        pytest.param(
+            b'{"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],'
+            b' "model": "m"}',
+            "syshi",
+            id="chat",
+        ),
+        pytest.param(b'{"model": "m", "prompt": [1, 2]}', "", id="token-ids"),
+        pytest.param('{"model": "m", "prompt": "héllo"}'.encode("utf-16"), "héllo", id="utf16"),
+    ],
+)
+def test_the_scan_keeps_the_prompt_head_for_prefix_routing(raw: bytes, head: str) -> None:
+    assert scan_body(raw).prompt_head == head

@@ -27,6 +27,7 @@ from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 from epp.datastore import Datastore, PodMetrics, new_datastore
 from epp.errors import EppError
 from epp.handlers import ExtProcServicer, PodScheduler
+from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.metrics import RequestMetrics
 from epp.scheduling import LLMRequest
 from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
@@ -72,6 +73,9 @@ class Env:
     # Every reading advances the clock a little, so durations are positive and deterministic.
     clock_value: float = 1000.0
     clock_step: float = 0.25
+    # The routing memory (in flight per pod, prefixes per pod) in the datastore; off by default.
+    accounting: bool = False
+    prefix_aware: bool = False
     _servicer: ExtProcServicer | None = None
 
     def servicer(self) -> ExtProcServicer:
@@ -91,6 +95,11 @@ class Env:
             clock=self._tick,
             max_request_body_bytes=self.max_request_body_bytes,
             body_scanner=self.body_scanner,
+            accounting=(
+                Accounting(self.datastore, prefix_aware=self.prefix_aware)
+                if self.accounting
+                else NO_ACCOUNTING
+            ),
         )
 
     def _tick(self) -> float:

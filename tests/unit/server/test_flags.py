@@ -266,3 +266,37 @@ def test_zap_logging_flags_are_accepted(argv: list[str], level: int, encoder: st
 def test_bad_zap_values_are_flag_errors(argv: list[str]) -> None:
     with pytest.raises(FlagError):
         parse_flags(["-poolName", "p", *argv], {})
+
+
+def test_scheduler_flag_and_scorer_weights_from_the_environment() -> None:
+    assert parse_flags(["-poolName", "p"], {}).config.scheduler.kind == defaults.DEFAULT_SCHEDULER
+    env = {
+        "QUEUE_SCORE_WEIGHT": "0",
+        "KV_CACHE_SCORE_WEIGHT": "0.5",
+        "PREFIX_CACHE_SCORE_WEIGHT": "4",
+        "LORA_AFFINITY_SCORE_WEIGHT": "2",
+        "IN_FLIGHT_SCORE_WEIGHT": "1.5",
+    }
+    s = parse_flags(["-poolName", "p", "--scheduler=scorer"], env).config.scheduler
+    assert s.kind == "scorer"
+    assert s.weights == defaults.ScorerWeights(queue=0, kv_cache=0.5, prefix=4, lora=2, in_flight=1.5)
+    assert s.prefix_aware
+    assert not parse_flags(
+        ["-poolName", "p", "--scheduler=scorer"], {"PREFIX_CACHE_SCORE_WEIGHT": "0"}
+    ).config.scheduler.prefix_aware
+    assert not parse_flags(["-poolName", "p", "--scheduler=filter-tree"], {}).config.scheduler.prefix_aware
+
+
+def test_bad_scorer_weights_fall_back_to_defaults(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"QUEUE_SCORE_WEIGHT": "-1", "LORA_AFFINITY_SCORE_WEIGHT": "heavy"}
+    with caplog.at_level(logging.WARNING, logger="epp.server.flags"):
+        weights = parse_flags(["-poolName", "p"], env).config.scheduler.weights
+    assert (weights.queue, weights.lora) == (defaults.ScorerWeights().queue, defaults.ScorerWeights().lora)
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "QUEUE_SCORE_WEIGHT" in messages
+    assert "LORA_AFFINITY_SCORE_WEIGHT" in messages
+
+
+def test_unknown_scheduler_is_a_flag_error() -> None:
+    with pytest.raises(FlagError):
+        parse_flags(["-poolName", "p", "--scheduler=magic"], {})

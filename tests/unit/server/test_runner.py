@@ -168,6 +168,8 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
             epp.datastore.pod_update_or_add(
                 PodObject.from_api(PodBuilder("pod-2").labels(app="vllm").ready("10.0.0.2").build())
             )
+            pod_1 = next(p.pod.key for p in epp.datastore.pod_get_all() if p.pod.key.name == "pod-1")
+            assert epp.datastore.pod_dispatch_started(pod_1, "lora-a")
             url = f"http://127.0.0.1:{epp.debug_port}/debug/datastore"
             async with aiohttp.ClientSession() as http:
                 async with http.get(url) as resp:
@@ -207,6 +209,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                             "maxActiveModels": 4,
                         },
                         "metricsAgeSeconds": 10.0,
+                        "inFlight": 1,
                     },
                     {
                         "namespace": "default",
@@ -221,6 +224,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                             "maxActiveModels": 0,
                         },
                         "metricsAgeSeconds": None,
+                        "inFlight": 0,
                     },
                 ],
                 "watches": {},  # the seeding fake watches nothing (the controllers' own tests cover it)

@@ -14,7 +14,6 @@ class Gauges:
     waiting: float
     running: float
     kv_cache: float
-    gpu_cache: float
     running_loras: str
     waiting_loras: str
     max_lora: str
@@ -35,8 +34,9 @@ def gauges(text: str) -> Gauges:
     return Gauges(
         waiting=value("vllm:num_requests_waiting"),
         running=value("vllm:num_requests_running"),
-        kv_cache=value("vllm:kv_cache_usage_perc"),
-        gpu_cache=value("vllm:gpu_cache_usage_perc"),
+        kv_cache=value(
+            "vllm:kv_cache_usage_perc" if "vllm:kv_cache_usage_perc" in fams else "vllm:gpu_cache_usage_perc"
+        ),
         running_loras=newest.labels["running_lora_adapters"],
         waiting_loras=newest.labels["waiting_lora_adapters"],
         max_lora=newest.labels["max_lora"],

@@ -19,14 +19,17 @@ from .scrape import families, gauges, scrape
 pytestmark = pytest.mark.anyio
 
 FAST = SimConfig(model="base", lora_adapters=("a", "b"), time_scale=0.001)
-# Requests that never finish by themselves (1000 s of prefill): tests end them by disconnecting.
-STUCK = {"ttft_base_s": 1000.0, "time_scale": 1.0}
+# Requests that never finish by themselves (a million tokens at ~10 ms a step): tests end them by
+# disconnecting.
+STUCK = {"step_base_s": 0.01, "time_scale": 1.0}
+STUCK_TOKENS = 1_000_000
 
 REQUIRED_FAMILIES = (
     "vllm:num_requests_waiting",
     "vllm:num_requests_running",
     "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
     "vllm:lora_requests_info",
     "vllm:cache_config_info",
     "vllm:time_to_first_token_seconds",
@@ -94,13 +97,13 @@ async def test_requests_beyond_max_num_seqs_wait_in_the_queue(address: str) -> N
     async with ModelServerSim(address, config=config) as sim, aiohttp.ClientSession() as http:
         url = f"{sim.base_url}/v1/completions"
         async with asyncio.TaskGroup() as group:
-            clients = [group.create_task(post(http, url, completion("base"))) for _ in range(5)]
+            body = completion("base", max_tokens=STUCK_TOKENS)
+            clients = [group.create_task(post(http, url, body)) for _ in range(5)]
 
             async def queued() -> None:
                 g = await scrape(http, sim.base_url)
                 assert (g.running, g.waiting) == (2, 3)
                 assert g.kv_cache > 0
-                assert g.gpu_cache == g.kv_cache
 
             await eventually_async(queued)
             for client in clients:  # a client that disconnects aborts its request, as in vLLM
@@ -115,21 +118,12 @@ async def test_requests_beyond_max_num_seqs_wait_in_the_queue(address: str) -> N
 
 
 async def test_lora_request_waits_for_the_only_slot_then_evicts(address: str) -> None:
-    # max_loras=1; prefill costs 1 simulated second per prompt token at 100x: a long prompt holds the
-    # slot for minutes, a one-token prompt finishes in ~10 ms.
-    config = SimConfig(
-        model="base",
-        lora_adapters=("a", "b"),
-        max_loras=1,
-        max_num_seqs=4,
-        ttft_base_s=0.0,
-        prefill_per_token_s=1.0,
-        time_scale=0.01,
-    )
+    # max_loras=1; a request for a million tokens holds the adapter slot until it is cancelled.
+    config = SimConfig(model="base", lora_adapters=("a", "b"), max_loras=1, max_num_seqs=4, time_scale=0.01)
     async with ModelServerSim(address, config=config) as sim, aiohttp.ClientSession() as http:
         url = f"{sim.base_url}/v1/completions"
         async with asyncio.TaskGroup() as group:
-            long_a = group.create_task(post(http, url, completion("a", prompt="x" * 40_000, max_tokens=1)))
+            long_a = group.create_task(post(http, url, completion("a", max_tokens=STUCK_TOKENS)))
 
             async def a_running() -> None:
                 g = await scrape(http, sim.base_url)
@@ -279,7 +273,7 @@ async def test_set_gauges_pins_reported_values_until_cleared(address: str) -> No
         sim.set_gauges(waiting=7, kv_cache=0.5)
         sim.set_gauges(running=3, running_loras=["a", "b"], waiting_loras=["c"])  # earlier pins stay
         g = await scrape(http, sim.base_url)
-        assert (g.waiting, g.running, g.kv_cache, g.gpu_cache) == (7, 3, 0.5, 0.5)
+        assert (g.waiting, g.running, g.kv_cache) == (7, 3, 0.5)
         assert (g.running_loras, g.waiting_loras, g.max_lora) == ("a,b", "c", "1")
         async with http.get(f"{sim.base_url}/metrics") as response:
             lora_series = families(await response.text())["vllm:lora_requests_info"].samples

@@ -1,0 +1,101 @@
+"""What the EPP remembers about the requests it routes: in flight per pod, and prefixes per pod.
+
+Kept apart from the stream state machine on purpose: a stream calls three methods and knows nothing
+else. The memory itself lives in the datastore (the only mutable shared state, STYLE habit 2).
+
+When a request ends. Envoy keeps a request's ext_proc stream open until the HTTP stream is over
+(measured with Envoy 1.40: the gRPC stream reaches end-of-stream when the last response byte has gone
+to the client, whatever the response processing mode, and also on a client reset), so the end of the
+stream — ``ExtProcStream.close`` — is when a routed request stops counting as in flight. No response
+phase has to be sent to the EPP for it: the default processing mode (response headers SKIP, body
+NONE) costs nothing extra per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from epp.api.types import NamespacedName
+from epp.datastore.types import PodMetrics
+from epp.scheduling.filters import NO_MATCHES
+from epp.scheduling.prefix import block_hashes
+
+
+class RoutingMemory(Protocol):
+    """The datastore's routing-memory methods (the Datastore Protocol satisfies it)."""
+
+    def pod_dispatch_started(self, key: NamespacedName, target_model: str) -> bool: ...
+
+    def pod_dispatch_finished(self, key: NamespacedName, target_model: str) -> None: ...
+
+    def prefix_matches(self, hashes: Sequence[int]) -> Mapping[NamespacedName, int]: ...
+
+    def prefix_record(self, key: NamespacedName, hashes: Sequence[int]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixQuery:
+    hashes: tuple[int, ...] = ()
+    matches: Mapping[NamespacedName, int] = field(default_factory=lambda: NO_MATCHES)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """One routed request still counted in flight; handed back to `finished` exactly once."""
+
+    pod: NamespacedName
+    target_model: str
+
+
+NO_PREFIX = PrefixQuery()
+
+
+class Accounting:
+    """``prefix_query`` before scheduling, ``routed`` after, ``finished`` when the stream ends.
+
+    ``memory=None`` keeps nothing (tests of the protocol alone); ``prefix_aware`` turns prompt
+    hashing on (only worth its CPU when a scheduler scores prefixes).
+    """
+
+    def __init__(
+        self,
+        memory: RoutingMemory | None,
+        *,
+        prefix_aware: bool = False,
+        block_chars: int = 64,
+        max_blocks: int = 128,
+    ) -> None:
+        self._memory = memory
+        self._prefix_aware = prefix_aware and memory is not None
+        self._block_chars = block_chars
+        self._max_blocks = max_blocks
+
+    def prefix_query(self, prompt: str, target_model: str) -> PrefixQuery:
+        """`prompt` is the head of the prompt text (`ScannedBody.prompt_head`)."""
+        if not self._prefix_aware or self._memory is None:
+            return NO_PREFIX
+        hashes = block_hashes(
+            prompt, target_model, block_chars=self._block_chars, max_blocks=self._max_blocks
+        )
+        if not hashes:
+            return NO_PREFIX
+        return PrefixQuery(hashes, self._memory.prefix_matches(hashes))
+
+    def routed(self, pod: PodMetrics, target_model: str, query: PrefixQuery) -> Dispatch | None:
+        memory = self._memory
+        if memory is None:
+            return None
+        key = pod.pod.key
+        memory.prefix_record(key, query.hashes)
+        if not memory.pod_dispatch_started(key, target_model):
+            return None  # the pod left between the snapshot and now: nothing to count down later
+        return Dispatch(key, target_model)
+
+    def finished(self, dispatch: Dispatch) -> None:
+        if self._memory is not None:
+            self._memory.pod_dispatch_finished(dispatch.pod, dispatch.target_model)
+
+
+NO_ACCOUNTING = Accounting(None)

@@ -1,0 +1,166 @@
+"""The scorer scheduler: weighted scorers, the highest total wins (the approach of upstream's later
+releases and of llm-d's router), as an alternative to the v0.3.0 filter tree.
+
+Each scorer maps every candidate pod to [0, 1]; the pick is the pod with the largest weighted sum,
+ties broken at random. All pure functions of the request and the pods' snapshots:
+
+* queue: the scraped waiting queue, min-max normalised (the shortest scores 1; all equal: all 1).
+* KV cache: 1 - scraped KV-cache usage.
+* in flight: the EPP's own count of requests it routed to the pod whose responses have not ended
+  (``PodMetrics.dispatched``), min-max normalised. Exact and never stale, unlike the scrapes, so
+  it keeps two requests arriving between scrapes from piling onto the same "idle" pod.
+* LoRA affinity: for a target that is an adapter (some pod reports it in its LoRA metric), 1 where
+  it is already running (scraped or in flight), 0.8 where a free adapter slot can load it, 0.4 where
+  requests for it already wait for a slot, 0 where every slot is held by other running adapters (a
+  request sent there waits until one of them drains completely). For the base model: 1 everywhere.
+  The adapters a pod runs are counted from the EPP's in-flight targets too, so the slots taken since
+  the last scrape are known. A pod whose queue has reached queueing_threshold_lora (128) scores 0
+  whatever it runs, as the filter tree drops affinity there.
+* prefix: the share of the request's prompt blocks the pod was already sent (a likely prefix-cache
+  hit, ``LLMRequest.prefix_matches``).
+
+Admission is the same as upstream v0.4's saturation detector and the filter tree's: a non-critical
+request is shed (429) when no fresh pod has queue <= queue_threshold_critical and KV <=
+kv_cache_threshold. Staleness as in the filter tree: scores use fresh pods only; with none fresh,
+Critical requests go to a uniform draw and the rest are shed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from epp.config import DEFAULT_QUEUEING_THRESHOLD_LORA, SchedulerConfig, ScorerWeights
+from epp.datastore.types import PodMetrics
+from epp.errors import NoEndpoints, ResourceExhausted
+from epp.scheduling.filters import LLMRequest
+from epp.scheduling.scheduler import DROP_MESSAGE, NO_FRESH_METRICS_MESSAGE
+
+Scores = list[float]
+
+LORA_RUNNING = 1.0
+LORA_ROOM = 0.5
+LORA_WAITING = 0.25
+LORA_BLOCKED = 0.0
+
+
+def min_max(values: Sequence[float]) -> Scores:
+    """1 for the smallest value, 0 for the largest, linear between; all 1 when they are equal."""
+    low, high = min(values), max(values)
+    if high <= low:
+        return [1.0] * len(values)
+    return [(high - v) / (high - low) for v in values]
+
+
+def queue_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
+    return min_max([p.metrics.waiting_queue_size for p in pods])
+
+
+def kv_cache_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
+    return [1.0 - min(1.0, max(0.0, p.metrics.kv_cache_usage)) for p in pods]
+
+
+def in_flight_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
+    """1 - count / (busiest + 1): proportional, so one request more is a small difference on busy
+    pods (min-max would turn 12 against 13 in flight into 1 against 0)."""
+    counts = [p.dispatched.count for p in pods]
+    scale = max(counts) + 1
+    return [1.0 - c / scale for c in counts]
+
+
+def lora_scores(
+    request: LLMRequest, pods: Sequence[PodMetrics], queue_limit: int = DEFAULT_QUEUEING_THRESHOLD_LORA
+) -> Scores:
+    adapters: set[str] = set()
+    for p in pods:
+        adapters |= p.metrics.active_models
+        adapters |= p.metrics.waiting_models
+    target = request.target_model
+    if target not in adapters:
+        return [1.0] * len(pods)  # the base model, or an adapter no pod has reported yet
+    out: Scores = []
+    for p in pods:
+        m = p.metrics
+        running = (m.active_models | p.dispatched.models) & adapters
+        if m.waiting_queue_size >= queue_limit:
+            out.append(LORA_BLOCKED)  # as the filter tree: no affinity with a pod this far behind
+        elif target in running:
+            out.append(LORA_RUNNING)
+        elif len(running) < m.max_active_models:
+            out.append(LORA_ROOM)
+        elif target in m.waiting_models:
+            out.append(LORA_WAITING)
+        else:
+            out.append(LORA_BLOCKED)
+    return out
+
+
+def prefix_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
+    if request.prefix_blocks <= 0 or not request.prefix_matches:
+        return [0.0] * len(pods)
+    matches = request.prefix_matches
+    return [matches.get(p.pod.key, 0) / request.prefix_blocks for p in pods]
+
+
+Scorer = Callable[[LLMRequest, Sequence[PodMetrics], SchedulerConfig], Scores]
+
+# name -> (scorer, its weight in ScorerWeights)
+SCORERS: dict[str, tuple[Scorer, Callable[[ScorerWeights], float]]] = {
+    "queue": (lambda r, p, c: queue_scores(r, p), lambda w: w.queue),
+    "kv_cache": (lambda r, p, c: kv_cache_scores(r, p), lambda w: w.kv_cache),
+    "in_flight": (lambda r, p, c: in_flight_scores(r, p), lambda w: w.in_flight),
+    "lora": (lambda r, p, c: lora_scores(r, p, c.queueing_threshold_lora), lambda w: w.lora),
+    "prefix": (lambda r, p, c: prefix_scores(r, p), lambda w: w.prefix),
+}
+
+
+def total_scores(request: LLMRequest, pods: Sequence[PodMetrics], config: SchedulerConfig) -> Scores:
+    totals = [0.0] * len(pods)
+    for scorer, weight_of in SCORERS.values():
+        weight = weight_of(config.weights)
+        if weight == 0:
+            continue
+        for i, score in enumerate(scorer(request, pods, config)):
+            totals[i] += weight * score
+    return totals
+
+
+class ScorerScheduler:
+    """Same interface as `Scheduler`: `schedule(request, pods)` -> a pod, or NoEndpoints/ResourceExhausted."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        pool_name: str = "",
+    ) -> None:
+        self._config = config
+        self._rng = rng if rng is not None else random.Random()
+        self._clock = clock
+        self._pool_name = pool_name
+
+    def schedule(self, request: LLMRequest, pods: Sequence[PodMetrics]) -> PodMetrics:
+        if not pods:
+            where = f" in pool {self._pool_name}" if self._pool_name else ""
+            raise NoEndpoints(f"no ready endpoints{where}")
+        config = self._config
+        threshold = config.metrics_staleness_threshold
+        now = self._clock()
+        fresh = [p for p in pods if (u := p.metrics.updated_at) is not None and now - u <= threshold]
+        if not fresh:
+            if request.critical:
+                return self._rng.choice(pods)
+            raise ResourceExhausted(NO_FRESH_METRICS_MESSAGE.format(threshold=threshold))
+        if not request.critical and not any(
+            p.metrics.waiting_queue_size <= config.queue_threshold_critical
+            and p.metrics.kv_cache_usage <= config.kv_cache_threshold
+            for p in fresh
+        ):
+            raise ResourceExhausted(DROP_MESSAGE)
+        totals = total_scores(request, fresh, config)
+        best = max(totals)
+        winners = [p for p, total in zip(fresh, totals, strict=True) if total >= best - 1e-9]
+        return winners[0] if len(winners) == 1 else self._rng.choice(winners)

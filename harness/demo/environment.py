@@ -1,0 +1,148 @@
+"""The demo's environment: a throw-away control plane and a ``Stack`` in the ``demo`` namespace.
+
+Also what ``harness up --with-epp`` keeps running. Besides the sample models (``DEMO_MODELS``) it
+applies one Critical model on the base model, ``LOAD_MODEL``, that the saturated phase uses to
+load the pods for real.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from harness.binaries import kubectl_path
+from harness.command import StartError, interrupts_deferred, say, start_control_plane
+from harness.controlplane import ControlPlane
+from harness.eventually import eventually
+from harness.sim import SimConfig
+from harness.stack import BASE_MODEL, DEMO_ADAPTERS, DEMO_MODELS, ModelSpec, Stack, StackOptions
+
+NAMESPACE: Final = "demo"
+SIM_PORT: Final = 8000
+LOAD_MODEL: Final = ModelSpec("background-load", "background-load", "Critical", ((BASE_MODEL, None),))
+MODELS: Final = (*DEMO_MODELS, LOAD_MODEL)
+# Simulated time at half speed: a request of a few hundred tokens takes about a second, so the
+# saturated phase can keep every pod's queue full with a few dozen requests in flight.
+SIM_CONFIG: Final = SimConfig(
+    model=BASE_MODEL, lora_adapters=DEMO_ADAPTERS, max_loras=2, max_num_seqs=8, time_scale=0.5
+)
+METRICS_SETTLE_TIMEOUT_S: Final = 30.0
+
+
+class DemoEnvironment:
+    """Control plane + ``Stack`` in the ``demo`` namespace; ``stop()`` is idempotent."""
+
+    def __init__(self, pods: int = 4, models: Sequence[ModelSpec] = MODELS) -> None:
+        self.pods = pods
+        self.models = tuple(models)
+        self.plane: ControlPlane | None = None
+        self.stack: Stack | None = None
+
+    def start(self) -> None:
+        self.plane = start_control_plane()
+        began = time.monotonic()
+        say(f"starting {self.pods} simulated vLLM pods, the pool and models, the EPP and Envoy ...")
+        self.stack = Stack(
+            self.plane.access,
+            StackOptions(namespace=NAMESPACE, pods=self.pods, models=self.models, sim_config=SIM_CONFIG),
+        )
+        try:
+            self.stack.start()
+        except Exception as exc:
+            raise StartError(f"the stack did not start: {exc}") from exc
+        say(f"  up in {time.monotonic() - began:.1f} s; Envoy listens on {self.stack.base_url}")
+
+    def stop(self) -> None:
+        """Stop the stack, then the control plane; further Ctrl-C only prints a note meanwhile."""
+        with interrupts_deferred():
+            try:
+                if self.stack is not None:
+                    self.stack.stop()
+                    self.stack = None
+            finally:
+                if self.plane is not None:
+                    self.plane.stop()
+                    self.plane = None
+
+    @property
+    def running_stack(self) -> Stack:
+        if self.stack is None:
+            raise RuntimeError("the demo environment is not running")
+        return self.stack
+
+    def dead_processes(self) -> list[str]:
+        dead: list[str] = []
+        if self.plane is not None:
+            dead += [p.name for p in self.plane.processes if not p.running]
+        if self.stack is not None and self.stack.envoy is not None and not self.stack.envoy.running:
+            dead.append("envoy")
+        if self.stack is not None and self.stack.epp is not None and not self.stack.epp.running:
+            dead.append("epp")
+        return dead
+
+    def log_tails(self) -> str:
+        parts = []
+        if self.plane is not None:
+            for process in self.plane.processes:
+                parts.append(f"--- {process.name} log ---\n{process.log_tail()}")
+        if self.stack is not None:
+            if self.stack.epp is not None:
+                parts.append(f"--- epp log ---\n{self.stack.epp.log_tail()}")
+            if self.stack.envoy is not None:
+                parts.append(f"--- envoy log ---\n{self.stack.envoy.log_tail()}")
+        return "\n".join(parts)
+
+    def wait_epp_sees(self, condition: Callable[[dict[str, Any]], bool], what: str) -> list[dict[str, Any]]:
+        """Until every pod's metrics in the EPP's datastore meet ``condition``; those metrics."""
+        stack = self.running_stack
+
+        def seen() -> list[dict[str, Any]]:
+            pods = stack.datastore_view().get("pods") or []
+            assert len(pods) == self.pods, f"EPP holds {len(pods)}/{self.pods} pods"
+            metrics = [p["metrics"] for p in pods]
+            assert all(condition(m) for m in metrics), f"EPP does not see {what} yet: {metrics}"
+            return metrics
+
+        return eventually(seen, timeout=METRICS_SETTLE_TIMEOUT_S, message=f"the EPP saw {what}")
+
+
+def print_access(env: DemoEnvironment, copy_to: Path | None) -> None:
+    plane, stack = env.plane, env.running_stack
+    assert plane is not None
+    assert stack.epp is not None
+    kubeconfig = plane.kubeconfig_path
+    if copy_to is not None:
+        shutil.copyfile(kubeconfig, copy_to)
+        copy_to.chmod(0o600)
+        kubeconfig = copy_to.resolve()
+    kubectl = (
+        f"{shlex.quote(str(kubectl_path()))} --kubeconfig {shlex.quote(str(kubeconfig))} "
+        f"-n {NAMESPACE} get inferencepools,inferencemodels,pods -o wide"
+    )
+    body = '{"model": "food-review", "prompt": "Review: great tacos. Sentiment?", "max_tokens": 16}'
+    curl = f"curl -s {stack.base_url}/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
+    print(f"environment is up: control plane, EPP, Envoy and {env.pods} simulated vLLM pods", flush=True)
+    print(f"kubeconfig: {kubeconfig}")
+    print(f"kubectl:    {kubectl}")
+    print(f"export OPENAI_BASE_URL={stack.base_url}")
+    print("export OPENAI_API_KEY=unused")
+    print(f"curl:       {curl}")
+    print(f"EPP:        {stack.epp.metrics_url}/metrics  {stack.epp.debug_url}/debug/datastore")
+    print("models:")
+    for model in env.models:
+        print(f"  {model.model_name:<34} {model.criticality or 'Standard':<10} {_targets_text(model)}")
+    print("Press Ctrl-C to stop.", flush=True)
+
+
+def _targets_text(model: ModelSpec) -> str:
+    if not model.targets:
+        return "(served as is)"
+    weights = [w for _, w in model.targets]
+    if len(model.targets) == 1:
+        return f"-> {model.targets[0][0]}"
+    total = sum(w or 0 for w in weights) or len(weights)
+    return "-> " + ", ".join(f"{name} {100 * (w or 1) / total:.0f}%" for name, w in model.targets)

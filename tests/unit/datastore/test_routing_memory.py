@@ -1,0 +1,104 @@
+"""The handlers' routing memory in the datastore: requests in flight per pod, prompt prefixes per pod."""
+
+from __future__ import annotations
+
+from epp.api import NamespacedName, PodObject
+from epp.datastore import Datastore, Dispatched, Metrics, new_datastore
+from harness.builders import PodBuilder
+
+NS = "ns1"
+
+
+def pod(name: str, ip: str = "10.0.0.1") -> PodObject:
+    return PodObject.from_api(PodBuilder(name).namespace(NS).labels(app="vllm").ready(ip).build())
+
+
+def key(name: str) -> NamespacedName:
+    return NamespacedName(NS, name)
+
+
+def store(*names: str, capacity: int = 100) -> Datastore:
+    ds = new_datastore(prefix_capacity_per_pod=capacity)
+    for i, name in enumerate(names):
+        ds.pod_update_or_add(pod(name, f"10.0.0.{i + 1}"))
+    return ds
+
+
+def dispatched(ds: Datastore, name: str) -> Dispatched:
+    found = ds.pod_get(key(name))
+    assert found is not None
+    return found.dispatched
+
+
+def test_dispatches_are_counted_per_pod_and_model_until_they_finish() -> None:
+    ds = store("a", "b")
+    assert ds.pod_dispatch_started(key("a"), "lora-1")
+    assert ds.pod_dispatch_started(key("a"), "lora-1")
+    assert ds.pod_dispatch_started(key("a"), "base")
+    assert dispatched(ds, "a") == Dispatched(3, frozenset({"lora-1", "base"}))
+    assert dispatched(ds, "b") == Dispatched()
+    ds.pod_dispatch_finished(key("a"), "lora-1")
+    ds.pod_dispatch_finished(key("a"), "base")
+    assert dispatched(ds, "a") == Dispatched(1, frozenset({"lora-1"}))
+    ds.pod_dispatch_finished(key("a"), "lora-1")
+    ds.pod_dispatch_finished(key("a"), "lora-1")  # one too many: never below zero
+    assert dispatched(ds, "a") == Dispatched()
+
+
+def test_a_scrape_or_an_address_change_keeps_the_counts() -> None:
+    ds = store("a")
+    ds.pod_dispatch_started(key("a"), "m")
+    ds.pod_update_metrics_if_exist(key("a"), Metrics(waiting_queue_size=4, updated_at=1.0))
+    ds.pod_update_or_add(pod("a", "10.9.9.9"))
+    found = ds.pod_get(key("a"))
+    assert found is not None
+    assert (found.pod.address, found.metrics.waiting_queue_size, found.dispatched.count) == ("10.9.9.9", 4, 1)
+
+
+def test_a_pod_that_leaves_forgets_its_counts_and_prefixes() -> None:
+    ds = store("a")
+    ds.pod_dispatch_started(key("a"), "m")
+    ds.prefix_record(key("a"), (1, 2))
+    ds.pod_delete(key("a"))
+    assert not ds.pod_dispatch_started(key("a"), "m")  # gone: nothing counted
+    ds.pod_dispatch_finished(key("a"), "m")  # a late end for the old pod is harmless
+    ds.pod_update_or_add(pod("a"))
+    assert dispatched(ds, "a") == Dispatched()
+    assert ds.prefix_matches((1, 2)) == {}
+
+
+def test_prefix_matches_count_leading_blocks_per_pod() -> None:
+    ds = store("a", "b")
+    ds.prefix_record(key("a"), (1, 2, 3))
+    ds.prefix_record(key("b"), (1, 2))
+    ds.prefix_record(key("b"), (9,))
+    assert ds.prefix_matches((1, 2, 3, 4)) == {key("a"): 3, key("b"): 2}
+    assert ds.prefix_matches((9, 7)) == {key("b"): 1}
+    assert ds.prefix_matches((8, 2, 3)) == {}  # its first block went nowhere
+    assert ds.prefix_matches(()) == {}
+
+
+def test_each_pod_keeps_its_most_recently_routed_blocks() -> None:
+    ds = store("a", capacity=3)
+    ds.prefix_record(key("a"), (1, 2))
+    ds.prefix_record(key("a"), (3, 4))  # 4 blocks > 3: block 1, the oldest, is evicted
+    assert ds.prefix_matches((1, 2)) == {}
+    assert ds.prefix_matches((3, 4)) == {key("a"): 2}
+    ds.prefix_record(key("a"), (3,))  # used again: now the newest
+    ds.prefix_record(key("a"), (5,))  # evicts 2... then 4 is the oldest
+    assert ds.prefix_matches((3,)) == {key("a"): 1}
+
+
+def test_recording_for_an_unknown_pod_is_ignored() -> None:
+    ds = store("a")
+    ds.prefix_record(key("ghost"), (1,))
+    assert ds.prefix_matches((1,)) == {}
+
+
+def test_clear_forgets_the_routing_memory() -> None:
+    ds = store("a")
+    ds.prefix_record(key("a"), (1,))
+    ds.clear()
+    ds.pod_update_or_add(pod("a"))
+    assert ds.prefix_matches((1,)) == {}
+    assert dispatched(ds, "a") == Dispatched()

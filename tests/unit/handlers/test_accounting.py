@@ -1,0 +1,123 @@
+"""The handlers' routing memory: a routed request counts in flight on its pod until its ext_proc
+stream ends (Envoy ends it when the HTTP exchange is over), and its prompt prefix is remembered."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from epp.datastore import PodMetrics
+from epp.scheduling.prefix import block_hashes
+from harness.eventually import eventually_async
+
+from .support import Env, body, exchange, headers, serving
+
+LONG_PROMPT = "You are a helpful assistant. " * 10  # 290 characters: 4 full 64-character blocks
+COMPLETION = {"model": "food-review", "prompt": LONG_PROMPT, "max_tokens": 8}
+
+
+def env(**options: bool) -> Env:
+    return (
+        Env(accounting=True, **options)
+        .pool()
+        .model("food-review", ("food-review-lora", None))
+        .pod("pod-1", "10.0.0.1")
+        .pod("pod-2", "10.0.0.2")
+    )
+
+
+def pod(e: Env, name: str) -> PodMetrics:
+    return next(p for p in e.datastore.pod_get_all() if p.pod.key.name == name)
+
+
+def test_a_routed_request_is_in_flight_until_its_stream_ends() -> None:
+    e = env()
+    e.scheduler.pick = "pod-2"
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(headers())
+            await call.read()
+            await call.write(body(COMPLETION))
+            await call.read()  # routed: the response is now streaming through Envoy
+            assert pod(e, "pod-2").dispatched.count == 1
+            assert pod(e, "pod-2").dispatched.models == {"food-review-lora"}
+            assert pod(e, "pod-1").dispatched.count == 0
+            await call.done_writing()  # Envoy half-closes when the HTTP exchange is over
+
+            async def ended() -> None:
+                assert pod(e, "pod-2").dispatched.count == 0
+
+            await eventually_async(ended)
+            assert await call.code() == grpc.StatusCode.OK
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_stream_stops_counting_too() -> None:
+    e = env()
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(headers())
+            await call.read()
+            await call.write(body(COMPLETION))
+            await call.read()
+            assert sum(p.dispatched.count for p in e.datastore.pod_get_all()) == 1
+            call.cancel()  # the client went away: Envoy resets the stream
+
+            async def released() -> None:
+                assert sum(p.dispatched.count for p in e.datastore.pod_get_all()) == 0
+
+            await eventually_async(released)
+
+    asyncio.run(scenario())
+
+
+def test_a_rejected_request_never_counts() -> None:
+    e = env()
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            result = await exchange(channel, [headers(), body({"model": "unknown", "prompt": "x"})])
+            assert result.code == grpc.StatusCode.OK
+            assert result.replies[-1].HasField("immediate_response")  # 404 from the EPP
+
+    asyncio.run(scenario())
+    assert [p.dispatched.count for p in e.datastore.pod_get_all()] == [0, 0]
+
+
+def test_a_prefix_aware_epp_remembers_where_a_prompt_went_and_tells_the_scheduler() -> None:
+    e = env(prefix_aware=True)
+    e.scheduler.pick = "pod-1"
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            for _ in range(2):
+                result = await exchange(channel, [headers(), body(COMPLETION)])
+                assert result.code == grpc.StatusCode.OK
+
+    asyncio.run(scenario())
+    first, second = e.scheduler.requests
+    assert (first.prefix_blocks, dict(first.prefix_matches)) == (4, {})
+    assert second.prefix_blocks == 4
+    assert dict(second.prefix_matches) == {pod(e, "pod-1").pod.key: 4}
+    assert e.datastore.prefix_matches(block_hashes(LONG_PROMPT, "food-review-lora")) == {
+        pod(e, "pod-1").pod.key: 4
+    }
+
+
+def test_without_prefix_awareness_no_prompt_is_hashed() -> None:
+    e = env()
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            await exchange(channel, [headers(), body(COMPLETION)])
+
+    asyncio.run(scenario())
+    (request,) = e.scheduler.requests
+    assert (request.prefix_blocks, dict(request.prefix_matches)) == (0, {})

@@ -1,0 +1,167 @@
+"""The scorer scheduler: each scorer on its own, the weighted pick, admission and staleness."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from types import MappingProxyType
+
+import pytest
+
+from epp.config import FILTER_TREE, SCORER, SchedulerConfig, ScorerWeights
+from epp.datastore.types import Dispatched, PodMetrics
+from epp.errors import NoEndpoints, ResourceExhausted
+from epp.scheduling import LLMRequest, ScorerScheduler, new_scheduler
+from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.scorers import (
+    LORA_BLOCKED,
+    LORA_ROOM,
+    LORA_RUNNING,
+    LORA_WAITING,
+    in_flight_scores,
+    kv_cache_scores,
+    lora_scores,
+    min_max,
+    prefix_scores,
+    queue_scores,
+)
+
+from .pods import NOW, names, pm
+
+CRITICAL = LLMRequest("m", "lora-a", critical=True)
+SHEDDABLE = LLMRequest("m", "lora-a", critical=False)
+
+
+def inflight(pod: PodMetrics, count: int, *models: str) -> PodMetrics:
+    return dataclasses.replace(pod, dispatched=Dispatched(count, frozenset(models)))
+
+
+def only(**weights: float) -> SchedulerConfig:
+    base = {name: 0.0 for name in ("queue", "kv_cache", "prefix", "lora", "in_flight")}
+    return SchedulerConfig(kind=SCORER, weights=ScorerWeights(**{**base, **weights}))
+
+
+def scheduler(config: SchedulerConfig, seed: int = 1) -> ScorerScheduler:
+    return ScorerScheduler(config, random.Random(seed), clock=lambda: NOW)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param([0, 5, 10], [1.0, 0.5, 0.0], id="linear"),
+        pytest.param([3, 3], [1.0, 1.0], id="all-equal"),
+        pytest.param([7], [1.0], id="one"),
+    ],
+)
+def test_min_max(values: list[float], expected: list[float]) -> None:
+    assert min_max(values) == expected
+
+
+def test_queue_and_kv_scores_prefer_the_emptier_pod() -> None:
+    pods = [pm("a", queue=0, kv=0.2), pm("b", queue=10, kv=0.9)]
+    assert queue_scores(CRITICAL, pods) == [1.0, 0.0]
+    assert kv_cache_scores(CRITICAL, pods) == pytest.approx([0.8, 0.1])
+
+
+def test_in_flight_score_is_proportional_to_the_busiest_pod() -> None:
+    pods = [inflight(pm("a"), 0), inflight(pm("b"), 12), inflight(pm("c"), 13)]
+    assert in_flight_scores(CRITICAL, pods) == pytest.approx([1.0, 1 - 12 / 14, 1 - 13 / 14])
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        pytest.param(pm("p", active=["lora-a"], max_lora=2), LORA_RUNNING, id="scraped-running"),
+        pytest.param(inflight(pm("p", max_lora=2), 1, "lora-a"), LORA_RUNNING, id="in-flight-here"),
+        pytest.param(pm("p", active=["lora-b"], max_lora=2), LORA_ROOM, id="free-slot"),
+        pytest.param(
+            inflight(pm("p", active=["lora-b"], max_lora=2), 1, "lora-c"),
+            LORA_BLOCKED,
+            id="slots-taken-since-the-scrape",
+        ),
+        pytest.param(
+            pm("p", active=["lora-b", "lora-c"], waiting=["lora-a"], max_lora=2), LORA_WAITING, id="queued"
+        ),
+        pytest.param(pm("p", active=["lora-b", "lora-c"], max_lora=2), LORA_BLOCKED, id="slots-taken"),
+        pytest.param(
+            inflight(pm("p", active=["lora-b"], max_lora=2), 3, "base"), LORA_ROOM, id="base-needs-no-slot"
+        ),
+    ],
+)
+def test_lora_affinity_score(pod: PodMetrics, expected: float) -> None:
+    # A second pod reports lora-a, so the scorer knows lora-a is an adapter.
+    witness = pm("w", waiting=["lora-a", "lora-b", "lora-c"], max_lora=3)
+    assert lora_scores(CRITICAL, [pod, witness])[0] == expected
+
+
+def test_a_target_no_pod_reports_as_an_adapter_scores_the_same_everywhere() -> None:
+    pods = [pm("a", active=["lora-b", "lora-c"], max_lora=2), pm("b")]
+    assert lora_scores(LLMRequest("m", "base", critical=True), pods) == [1.0, 1.0]
+
+
+def test_prefix_score_is_the_share_of_blocks_the_pod_was_sent() -> None:
+    a, b, c = pm("a"), pm("b"), pm("c")
+    request = LLMRequest(
+        "m", "t", True, prefix_blocks=4, prefix_matches=MappingProxyType({a.pod.key: 4, b.pod.key: 1})
+    )
+    assert prefix_scores(request, [a, b, c]) == [1.0, 0.25, 0.0]
+    assert prefix_scores(CRITICAL, [a, b]) == [0.0, 0.0]
+
+
+def test_the_highest_weighted_total_wins() -> None:
+    # Affinity (weight 3) beats a little more load (weight 1 on queue).
+    pods = [
+        pm("busy-affine", queue=2, active=["lora-a"], max_lora=1),
+        pm("idle-blocked", active=["lora-z"], max_lora=1),
+    ]
+    assert names([scheduler(only(queue=1, lora=3)).schedule(CRITICAL, pods)]) == ["busy-affine"]
+    # With the LoRA scorer off, the idle pod wins.
+    assert names([scheduler(only(queue=1)).schedule(CRITICAL, pods)]) == ["idle-blocked"]
+
+
+def test_ties_are_broken_at_random() -> None:
+    pods = [pm(f"p{i}") for i in range(4)]
+    picks = {scheduler(only(queue=1), seed).schedule(CRITICAL, pods).pod.key.name for seed in range(40)}
+    assert picks == {"p0", "p1", "p2", "p3"}
+
+
+def test_in_flight_counts_steer_requests_between_scrapes() -> None:
+    # Both pods scraped idle; the EPP already sent 5 requests to a.
+    pods = [inflight(pm("a"), 5), pm("b")]
+    sched = scheduler(SchedulerConfig(kind=SCORER))
+    assert {sched.schedule(CRITICAL, pods).pod.key.name for _ in range(20)} == {"b"}
+
+
+def test_sheddable_is_shed_when_no_pod_has_capacity_and_critical_is_not() -> None:
+    pods = [pm("a", queue=6), pm("b", kv=0.9)]
+    sched = scheduler(SchedulerConfig(kind=SCORER))
+    with pytest.raises(ResourceExhausted):
+        sched.schedule(SHEDDABLE, pods)
+    assert sched.schedule(CRITICAL, pods).pod.key.name in {"a", "b"}
+    # One pod with room admits it; then every fresh pod competes on score (upstream v0.4's order).
+    assert sched.schedule(SHEDDABLE, [*pods, pm("c", queue=5, kv=0.8)]).pod.key.name in {"a", "b", "c"}
+
+
+def test_stale_pods_are_not_scored_and_no_fresh_pod_sheds_non_critical() -> None:
+    stale = pm("stale", updated_at=NOW - 60)
+    sched = scheduler(SchedulerConfig(kind=SCORER))
+    assert sched.schedule(CRITICAL, [stale, inflight(pm("fresh"), 50)]).pod.key.name == "fresh"
+    assert sched.schedule(CRITICAL, [stale]).pod.key.name == "stale"
+    with pytest.raises(ResourceExhausted, match="fresh metrics"):
+        sched.schedule(SHEDDABLE, [stale])
+    with pytest.raises(NoEndpoints):
+        sched.schedule(CRITICAL, [])
+
+
+def test_new_scheduler_builds_the_configured_kind() -> None:
+    assert isinstance(new_scheduler(SchedulerConfig()), ScorerScheduler)  # the default since issue 11
+    assert isinstance(new_scheduler(SchedulerConfig(kind=FILTER_TREE)), Scheduler)
+    assert isinstance(new_scheduler(SchedulerConfig(kind=SCORER)), ScorerScheduler)
+
+
+def test_affinity_does_not_hold_on_a_pod_with_an_excessive_queue() -> None:
+    config = SchedulerConfig(kind=SCORER)
+    affine = pm("affine", queue=config.queueing_threshold_lora, active=["lora-a"], max_lora=2)
+    other = pm("other", queue=6, active=["lora-b"], max_lora=2)
+    assert lora_scores(CRITICAL, [affine, other], config.queueing_threshold_lora) == [LORA_BLOCKED, LORA_ROOM]
+    assert scheduler(config).schedule(CRITICAL, [affine, other]).pod.key.name == "other"
