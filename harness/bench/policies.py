@@ -161,7 +161,7 @@ class EppPolicy:
                 assert len(fresh) == count, f"{len(fresh)}/{count} pods scraped"
 
             eventually(scraped, timeout=30, message="the EPP scraped every pod")
-            self._envoy = Envoy(self._epp.ext_proc_address)
+            self._envoy = Envoy(self._epp.ext_proc_address, ext_proc_tls=self._epp.ext_proc_tls)
             self._envoy.start()
             self._url = self._envoy.base_url + COMPLETIONS
             self.end_run()
