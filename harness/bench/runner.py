@@ -21,7 +21,14 @@ from typing import Any, Protocol
 
 from harness.bench.environment import BenchPool, PoolSpec
 from harness.bench.loadgen import Outcome, Target, replay
-from harness.bench.policies import OraclePolicy, Policy, builtin_policies, epp_variant, peer_policies
+from harness.bench.policies import (
+    OraclePolicy,
+    PeerRouterPolicy,
+    Policy,
+    builtin_policies,
+    epp_variant,
+    peer_policies,
+)
 from harness.bench.stats import RunResult, Slo, aggregate, summarize
 from harness.bench.workload import TraceRequest, WorkloadSpec, generate
 from harness.controlplane import ClusterAccess
@@ -159,6 +166,9 @@ def run_benchmark(
                 try:
                     policy.start(pool.view)
                 except Exception as exc:
+                    if not isinstance(policy, PeerRouterPolicy):
+                        raise  # the EPP, Envoy or the oracle failing is the benchmark failing
+                    # A peer router is optional context: note it and go on without it.
                     first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     result.notes.append(f"{policy.name}: did not start ({first_line}); skipped")
                     continue
