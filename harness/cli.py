@@ -115,11 +115,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             signal.signal(sig, request_stop)
         _print_access(plane, args.write_kubeconfig)
         while not stop_requested.wait(_WATCH_INTERVAL):
-            dead = [p.name for p in plane.processes if not p.running]
+            dead = plane.dead_processes()
             if dead:
                 print(f"error: {', '.join(dead)} exited unexpectedly; stopping", file=sys.stderr)
-                for process in plane.processes:
-                    print(f"--- {process.name} log ---\n{process.log_tail()}", file=sys.stderr)
+                print(plane.log_tails(40), file=sys.stderr)
                 return 1
         print("stopping ...", flush=True)
         return 0
