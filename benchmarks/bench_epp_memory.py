@@ -52,8 +52,8 @@ from harness.addresses import AddressPool
 from harness.builders import PodBuilder, PoolBuilder
 from harness.controlplane import ControlPlane
 from harness.epp_process import EppProcess
+from harness.forged import ForgedKubelet
 from harness.kube import Kube
-from harness.kubelet import Kubelet
 from harness.namespaces import create_namespace
 
 NAMESPACE: Final = "bench-memory"
@@ -288,7 +288,7 @@ def wait_all_scraped(epp: EppProcess, pods: int, timeout: float) -> float:
 # --- pods through the API ----------------------------------------------------------------------------
 def create_ready_pods(api: client.ApiClient, addresses: list[str]) -> float:
     """Create one pod per address and report it Ready there (kubelet stand-in); the seconds it took."""
-    kubelet = Kubelet(api)
+    kubelet = ForgedKubelet(api)
 
     def one(index: int, ip: str) -> None:
         kubelet.start(NAMESPACE, PodBuilder(f"bench-{index:04d}").labels(LABELS).build(), ip)

@@ -22,8 +22,8 @@ from harness.bench.workload import WorkloadSpec, inference_model_name
 from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
 from harness.controlplane import ClusterAccess
 from harness.eventually import eventually
+from harness.forged import ForgedKubelet
 from harness.kube import Kube
-from harness.kubelet import Kubelet
 from harness.sim import ModelServerSim, SimConfig, SimThread
 from harness.sim._engine import Counters
 
@@ -79,7 +79,7 @@ class BenchPool:
                 kube.models.create(ns, model.criticality(criticality).target(served).build())
         self.sims = [ModelServerSim(self._addresses.acquire(), SIM_PORT, spec.sim) for _ in range(spec.pods)]
         self._thread = SimThread(*self.sims).start()
-        kubelet = Kubelet(self._api)
+        kubelet = ForgedKubelet(self._api)
         for i, sim in enumerate(self.sims):
             pod = PodBuilder(f"{spec.pool_name}-{i}").namespace(ns).labels({"app": spec.pool_name}).build()
             kubelet.start(ns, pod, sim.host)

@@ -77,23 +77,17 @@ class DemoEnvironment:
     def dead_processes(self) -> list[str]:
         dead: list[str] = []
         if self.plane is not None:
-            dead += [p.name for p in self.plane.processes if not p.running]
-        if self.stack is not None and self.stack.envoy is not None and not self.stack.envoy.running:
-            dead.append("envoy")
-        if self.stack is not None and self.stack.epp is not None and not self.stack.epp.running:
-            dead.append("epp")
+            dead += self.plane.dead_processes()
+        if self.stack is not None:
+            dead += self.stack.dead_processes()
         return dead
 
     def log_tails(self) -> str:
         parts = []
         if self.plane is not None:
-            for process in self.plane.processes:
-                parts.append(f"--- {process.name} log ---\n{process.log_tail()}")
+            parts.append(self.plane.log_tails(40))
         if self.stack is not None:
-            if self.stack.epp is not None:
-                parts.append(f"--- epp log ---\n{self.stack.epp.log_tail()}")
-            if self.stack.envoy is not None:
-                parts.append(f"--- envoy log ---\n{self.stack.envoy.log_tail()}")
+            parts.append(self.stack.log_tails())
         return "\n".join(parts)
 
     def wait_epp_sees(self, condition: Callable[[dict[str, Any]], bool], what: str) -> list[dict[str, Any]]:
