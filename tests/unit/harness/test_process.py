@@ -7,6 +7,7 @@ import functools
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,19 +189,27 @@ def test_child_processes_undo_in_reverse_order_even_when_one_step_fails() -> Non
 
 def test_a_process_that_exits_on_its_own_is_reported_dead() -> None:
     with ChildProcesses() as children:
-        children.start(ManagedProcess("short", "/bin/sh", ["-c", "exit 3"]))
+        children.start(ManagedProcess("short", "/bin/sh", ["-c", "sleep 0.3; exit 3"]))  # alive at start
         eventually(lambda: _assert_equal(children.dead(), ["short"]))
 
 
 def test_a_paused_group_is_resumed_before_it_is_stopped() -> None:
-    process = ManagedProcess("sleeper", "/bin/sleep", ["300"])
+    process = ManagedProcess("sleeper", "/bin/sleep", ["300"], stop_timeout=60)
     process.start()
-    pid = process.pid
-    assert pid is not None
-    process.pause()
-    assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    process.stop()  # SIGTERM reaches it: no SIGKILL wait needed
+    try:
+        pid = process.pid
+        assert pid is not None
+        process.pause()
+        eventually(lambda: _assert_equal(_state(pid), "T"))
+    finally:
+        began = time.monotonic()
+        process.stop()  # resumed first: SIGTERM ends it at once, not the SIGKILL after 60 s
+    assert time.monotonic() - began < 30
     _gone(pid)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def _assert_equal(got: object, want: object) -> None:
