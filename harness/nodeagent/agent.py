@@ -85,7 +85,15 @@ class NodeAgent:
         health = await self._serve_health()
         node_set = None
         try:
-            await launcher.start()
+            log.info("starting: the container launcher and %d nodes, side by side", settings.nodes)
+            registering = asyncio.ensure_future(asyncio.to_thread(self._register_nodes))
+            try:
+                await launcher.start()
+                log.info("container launcher up (pid %s)", launcher.pid)
+            finally:
+                node_set = await registering  # (also when the launcher failed: its nodes must go)
+            self.node_names = list(node_set.names)
+            log.info("nodes registered and schedulable")
             ctx = AgentContext(
                 api=api,
                 launcher=launcher,
@@ -101,8 +109,6 @@ class NodeAgent:
                 spawn=self._spawn,
                 forget=self._forget,
             )
-            node_set = await asyncio.to_thread(self._register_nodes)
-            self.node_names = list(node_set.names)
             informers = [self._informer(client, ctx, name) for name in self.node_names]
             for informer in informers:
                 self._spawn(informer.run(), f"watch {informer.field_selector}")
