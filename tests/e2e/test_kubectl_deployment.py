@@ -128,6 +128,17 @@ def test_deleted_pod_shows_terminating_then_not_ready_before_it_disappears(deplo
     assert terminating[0][2], f"the deletion starts with the pod as it was, Ready: {states}"
     assert any(not ready for _, _, ready in terminating), f"Ready=False before it went: {states}"
     assert states[-1][0] == "DELETED", states
+    # The order a kubelet keeps: SIGTERM and Ready=False first, while the container still runs; then
+    # its terminated state; then the delete.
+    stopping = [
+        next(iter(e["object"]["status"]["containerStatuses"][0]["state"]))
+        for e in seen
+        if e["type"] == "MODIFIED"
+        and e["object"]["metadata"].get("deletionTimestamp")
+        and not is_ready(e["object"])
+    ]
+    assert stopping[0] == "running", f"Ready=False written after SIGTERM, before the exit: {stopping}"
+    assert stopping[-1] == "terminated", stopping
     last_status = seen[-1]["object"]["status"]
     assert last_status["phase"] in ("Succeeded", "Failed"), last_status
     assert "terminated" in last_status["containerStatuses"][0]["state"], last_status

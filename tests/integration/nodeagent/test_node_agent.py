@@ -52,7 +52,7 @@ def agent_pods(agent: str) -> list[dict[str, Any]]:
 def pod(name: str, image: str, *, args: list[str] | None = None, **spec: Any) -> JsonObject:
     container: JsonObject = {"name": "main", "image": image, **({"args": args} if args else {})}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [container], "terminationGracePeriodSeconds": 5, **spec}}  # fmt: skip
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 1, **spec}}  # fmt: skip
 
 
 def wait_for(kube: Kube, namespace: str, name: str, check: Callable[[JsonObject], None]) -> JsonObject:
@@ -264,7 +264,9 @@ def test_a_deleted_namespace_takes_its_pods_processes_and_addresses_with_it(
     name = namespace_name("teardown")
     create_namespace(kube_api, name, TEST_LABEL)
     kube = Kube(kube_api)
-    kube.pods.create(name, SimPodBuilder("sim").namespace(name).simulator(8000).probe_period(0.1).build())
+    # Short grace periods: the namespace controller re-checks a namespace after the longest one.
+    sim = SimPodBuilder("sim").namespace(name).simulator(8000).probe_period(0.1).grace_period(1).build()
+    kube.pods.create(name, sim)
     kube.pods.create(name, pod("pause", "registry.k8s.io/pause:3.10"))
     for pod_name in ("sim", "pause"):
         wait_for(kube, name, pod_name, running_ready)
