@@ -91,6 +91,18 @@ class EppObserver:
 
         return eventually(check, timeout=timeout, message=f"gauges of {name} scraped")
 
+    def eventually_scraped(self, timeout: float = 10.0) -> View:
+        """Wait until every pod the EPP holds has been scraped at least once (a routing decision is
+        then made on real metrics: a pod never scraped is not fresh, so it is not a candidate)."""
+
+        def check() -> View:
+            view = self.view()
+            unscraped = [p["name"] for p in view["pods"] if p.get("metricsAgeSeconds") is None]
+            assert not unscraped, f"not scraped yet: {unscraped}"
+            return view
+
+        return eventually(check, timeout=timeout, message="the EPP scraped every pod it holds")
+
     def eventually_stale(self, name: str, threshold: float, timeout: float = 10.0) -> dict[str, Any]:
         """Wait until pod ``name``'s metrics are older than ``threshold`` (the EPP's staleness threshold)."""
 

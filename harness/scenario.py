@@ -191,7 +191,10 @@ def _settle(bed: TestBed, arg: Any) -> None:
 
 
 def _request(bed: TestBed, arg: Any) -> ExtProcResult:
+    """Route one request through the EPP, once it has scraped every pod it holds (a pod added by the
+    step before may not have been: the decision would then be about freshness, not about the step)."""
     o = _opts(arg, ARGUMENTS["request"], "request")
+    bed.eventually_scraped()
     body = o.get("body")
     return bed.route(
         o.get("model"),

@@ -222,6 +222,9 @@ class TestBed:
     def eventually_gauges(self, name: str, timeout: float = 10.0, **gauges: Any) -> dict[str, Any]:
         return self.observer.eventually_gauges(name, timeout, **gauges)
 
+    def eventually_scraped(self, timeout: float = 10.0) -> dict[str, Any]:
+        return self.observer.eventually_scraped(timeout)
+
     def eventually_stale(self, name: str, timeout: float = 10.0) -> dict[str, Any]:
         return self.observer.eventually_stale(name, self.epp.settings.staleness_threshold, timeout)
 

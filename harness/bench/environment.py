@@ -1,10 +1,11 @@
 """The pool every policy routes to: pool, models and pods in the API server, simulators on one loop.
 
-The pods are real API objects (the kubelet stand-in reports them Ready at their loopback addresses),
-so the EPP discovers them as in a cluster. Their simulators all run on one event loop in one thread,
-which the load generator shares: on CPython the GIL makes threads share one core anyway, and one loop
-avoids the switching delays several threads would add to every simulated step; it also lets the
-oracle read every engine's true state between two steps without locks.
+The pods are real API objects (forged stand-in pods: `harness.forged` reports them Ready at their
+loopback addresses; the node agent never runs them), so the EPP discovers them as in a cluster.
+Their simulators all run on one event loop in one thread, which the load generator shares: on
+CPython the GIL makes threads share one core anyway, and one loop avoids the switching delays
+several threads would add to every simulated step; it also lets the oracle read every engine's true
+state between two steps without locks.
 """
 
 from __future__ import annotations

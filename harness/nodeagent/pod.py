@@ -39,6 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
+
 from harness.nodeagent import probes
 from harness.nodeagent.api import ApiFailed, PodApi, PodGone
 from harness.nodeagent.images import ContainerConfigError, ImageMap, LaunchContext, image_id
@@ -239,8 +241,9 @@ class PodWorker:
             except PodGone:
                 self.removed()
                 return
-            except ApiFailed as exc:
-                log.error("pod %s: status not written: %s", self.key, exc)
+            except (ApiFailed, aiohttp.ClientError, TimeoutError) as exc:
+                # Not fatal (a kubelet keeps going): the next change writes the whole status again.
+                log.error("pod %s: status not written: %r", self.key, exc)
                 return
             self._written = status
 

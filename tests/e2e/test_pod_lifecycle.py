@@ -1,5 +1,6 @@
-"""Pods leave the pool the way they do in a cluster (the kubelet stand-in marks them NotReady, or they are
-deleted) and traffic follows. Each test has its own Stack: they change pods."""
+"""Pods leave the pool the way they do in a cluster (their health fails and the node agent's readiness
+probe marks them NotReady, or they are deleted gracefully) and traffic follows. Each test has its own
+Stack: they change pods."""
 
 from __future__ import annotations
 
