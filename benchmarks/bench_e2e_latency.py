@@ -7,11 +7,11 @@ One run on this machine, all paths against the same simulated vLLM pod:
 - ``Envoy + EPP -> simulator``: the real data path of ``harness.stack.Stack``: ext_proc to the EPP
   process (TLS), which picks the pod from its datastore (control plane, pool, model, pod).
 
-The simulator runs in its own process with a tiny ``time_scale`` and enough slots that it is never
-the bottleneck. Load comes from aiohttp in this process: latency at 1 request in flight (p50/p99;
-the EPP's added latency is the difference to the direct path) and throughput at 32 in flight (as a
-ratio of the direct path). Rounds alternate the order of the paths so drift hits both. Prints
-figures, asserts nothing. Targets (issue 5): ≤ 1.5 ms added at p50; ratio ≥ 0.15.
+The simulator is a pod the node agent runs (its own process) with a tiny ``time_scale`` and enough
+slots that it is never the bottleneck. Load comes from aiohttp in this process: latency at 1 request
+in flight (p50/p99; the EPP's added latency is the difference to the direct path) and throughput at
+32 in flight (as a ratio of the direct path). Rounds alternate the order of the paths so drift hits
+both. Prints figures, asserts nothing. Targets (issue 5): ≤ 1.5 ms added at p50; ratio ≥ 0.15.
 
     .venv/bin/python benchmarks/bench_e2e_latency.py [--c1-requests 1000] [--c32-requests 3000]
 """
@@ -29,11 +29,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from harness.addresses import AddressPool
-from harness.builders import PodBuilder
 from harness.controlplane import ControlPlane
 from harness.envoy import Envoy, EnvoyOptions
-from harness.process import ManagedProcess
+from harness.sim import SimConfig
 from harness.stack import BASE_MODEL, ModelSpec, Stack, StackOptions
 
 NAMESPACE = "bench"
@@ -170,13 +168,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (others' work counts too)")
-    with AddressPool() as addresses, ControlPlane() as plane:
-        ip = addresses.acquire()
-        sim_args = ["-m", "harness.sim", "--host", ip, "--port", str(SIM_PORT), "--model", MODEL]
-        sim_args += ["--max-num-seqs", "256", "--time-scale", str(args.time_scale)]
-        simulator = ManagedProcess(
-            "sim", sys.executable, sim_args, health_url=f"http://{ip}:{SIM_PORT}/health"
-        )
+    with ControlPlane() as plane:
         options = StackOptions(
             namespace=NAMESPACE,
             pool_name=POOL,
@@ -184,11 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             models=(ModelSpec("bench", MODEL, "Critical"),),
             envoy=EnvoyOptions(log_level="warning"),
         )
-        with simulator, Stack(plane.access, options) as stack:
-            assert stack.bed is not None
+        with Stack(plane.access, options) as stack:
+            assert stack.cluster is not None
             assert stack.envoy is not None
-            pod = PodBuilder(POD).namespace(NAMESPACE).labels({"app": POOL}).build()
-            stack.bed.kubelet.start(NAMESPACE, pod, ip)
+            sim = SimConfig(model=MODEL, max_num_seqs=256, time_scale=args.time_scale)
+            ip = stack.cluster.add_pod(POD, {"app": POOL}, sim_config=sim, ports=(SIM_PORT,)).ip
             stack.wait_pods_scraped(1)
             direct_options = EnvoyOptions(log_level="warning", direct_upstream=f"{ip}:{SIM_PORT}")
             with Envoy(UNUSED_EXT_PROC, options=direct_options) as direct:

@@ -7,11 +7,11 @@ servers are ONE child process: a raw asyncio HTTP server listening on N reserved
 between answers). Its CPU is not the EPP's, and it counts the pages it serves.
 
 Steps: baseline RSS of the EPP with the pool and 0 pods; N pods created through the API and made
-Ready at their addresses by the kubelet stand-in (a few threads); wait until /debug/datastore shows
-N pods, all with metrics; then sample the EPP for a window (default 10 s). Prints baseline, peak and
-steady RSS (VmRSS from /proc), the EPP's CPU over the window (utime+stime), the scrape rate the
-server saw and the per-pod refresh period it implies, and the metricsAgeSeconds spread. Asserts
-nothing.
+Ready at their addresses by the forged kubelet (a few threads: one page server, no agent pods); wait
+until /debug/datastore shows N pods, all with metrics; then sample the EPP for a window (default
+10 s). Prints baseline, peak and steady RSS (VmRSS from /proc), the EPP's CPU over the window
+(utime+stime), the scrape rate the server saw and the per-pod refresh period it implies, and the
+metricsAgeSeconds spread. Asserts nothing.
 
 At the default 50 ms refresh, 1,000 pods ask for 20,000 scrapes/s, far more than one core can do: the
 figures then show the effective refresh period, not 50 ms. Run it at 1 s as well for the nominal case.
@@ -52,8 +52,8 @@ from harness.addresses import AddressPool
 from harness.builders import PodBuilder, PoolBuilder
 from harness.controlplane import ControlPlane
 from harness.epp_process import EppProcess
+from harness.forged import ForgedKubelet
 from harness.kube import Kube
-from harness.kubelet import Kubelet
 from harness.namespaces import create_namespace
 
 NAMESPACE: Final = "bench-memory"
@@ -287,8 +287,8 @@ def wait_all_scraped(epp: EppProcess, pods: int, timeout: float) -> float:
 
 # --- pods through the API ----------------------------------------------------------------------------
 def create_ready_pods(api: client.ApiClient, addresses: list[str]) -> float:
-    """Create one pod per address and report it Ready there (kubelet stand-in); the seconds it took."""
-    kubelet = Kubelet(api)
+    """Create one pod per address and report it Ready there (forged status); the seconds it took."""
+    kubelet = ForgedKubelet(api)
 
     def one(index: int, ip: str) -> None:
         kubelet.start(NAMESPACE, PodBuilder(f"bench-{index:04d}").labels(LABELS).build(), ip)

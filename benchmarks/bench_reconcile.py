@@ -1,9 +1,10 @@
 """Reconcile latency: from a pod's Ready flip written to the API server until the EPP's datastore shows it.
 
 A private control plane (etcd + kube-apiserver), the real EPP in process, one pool and a few pods.
-The kubelet stand-in flips one pod Ready <-> NotReady through the status subresource, N times; after
-each write the script polls `/debug/datastore` over one keep-alive connection, as fast as it answers,
-until the pod is absent (NotReady) or present again (Ready). Two figures per transition:
+The forged kubelet (harness.forged: a status write at a known moment) flips one pod Ready <-> NotReady
+through the status subresource, N times; after each write the script polls `/debug/datastore` over
+one keep-alive connection, as fast as it answers, until the pod is absent (NotReady) or present again
+(Ready). Two figures per transition:
 
 - from the write's start (the kubelet's read-modify-write: GET then PATCH) to the view changing;
 - from the write acknowledged (PATCH returned) to the view changing (0 when the view changed first).
@@ -88,8 +89,8 @@ def main() -> None:
         with TestBed(api, NAMESPACE, plane.kubeconfig_path) as bed:
             bed.start_epp()
             bed.apply_pool()
-            for i in range(args.pods):
-                bed.add_pod(f"p{i}")
+            for i in range(args.pods):  # forged: the benchmark times the EPP from an exact status write
+                bed.add_forged_pod(f"p{i}")
             bed.eventually_consistent()
             poller = ViewPoller(bed.epp.debug_url)
             from_start: list[float] = []
@@ -100,9 +101,9 @@ def main() -> None:
                     to_ready = i % 2 == 1
                     started = time.perf_counter()
                     if to_ready:
-                        bed.pod_ready(flipping)
+                        bed.forged_ready(flipping)
                     else:
-                        bed.pod_unready(flipping)
+                        bed.forged_unready(flipping)
                     acked = time.perf_counter()
                     seen = poller.wait(flipping, present=to_ready)
                     from_start.append(seen - started)

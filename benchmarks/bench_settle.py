@@ -5,8 +5,8 @@ Two cases, each timed per call of `settled()` exactly as tests make it (one `/de
 per poll over a fresh connection, polls 5 ms apart):
 
 - idle: nothing was written since the last settle; the first poll already shows the EPP settled;
-- after one write: the kubelet stand-in has just flipped one pod Ready <-> NotReady (the write has
-  returned), so the call waits for watch delivery, the pod reconcile and one or more polls.
+- after one write: the forged kubelet (harness.forged) has just flipped one pod Ready <-> NotReady
+  (the write has returned), so the call waits for watch delivery, the pod reconcile and polls.
 
 Prints p50/p90/p99/max and the polls per call; asserts nothing (aim: p50 <= 20 ms per call).
 
@@ -68,8 +68,8 @@ def main() -> None:
         with TestBed(api, NAMESPACE, plane.kubeconfig_path) as bed:
             bed.start_epp()
             bed.apply_pool()
-            for i in range(args.pods):
-                bed.add_pod(f"p{i}")
+            for i in range(args.pods):  # forged: the benchmark times the EPP from an exact status write
+                bed.add_forged_pod(f"p{i}")
             bed.eventually_consistent()
             view = CountingView(bed)
 
@@ -84,9 +84,9 @@ def main() -> None:
             after_write: list[float] = []
             for i in range(args.calls):
                 if i % 2:
-                    bed.pod_ready("p0")
+                    bed.forged_ready("p0")
                 else:
-                    bed.pod_unready("p0")
+                    bed.forged_unready("p0")
                 after_write.append(settle())
             write_reads = view.reads
             bed.eventually_consistent()

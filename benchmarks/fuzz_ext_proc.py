@@ -76,12 +76,12 @@ def kind_of(outcome: Outcome) -> str:
 
 
 def world_of(stack: Stack) -> FuzzWorld:
-    assert stack.bed is not None
+    assert stack.cluster is not None
     return FuzzWorld(
         models={
             m.model_name: frozenset(t for t, _ in m.targets) or frozenset({m.model_name}) for m in MODELS
         },
-        endpoints=frozenset(f"{pod.ip}:{POD_PORT}" for pod in stack.bed.pods.values()),
+        endpoints=frozenset(f"{pod.ip}:{POD_PORT}" for pod in stack.cluster.pods.values()),
     )
 
 

@@ -26,6 +26,11 @@ def _lock_dir() -> Path:
     return cache_root() / "addresses"
 
 
+def lock_path(ip: str) -> Path:
+    """The file whose exclusive lock reserves ``ip`` (free when a non-blocking lock succeeds)."""
+    return _lock_dir() / ip
+
+
 def _to_ip(n: int) -> str:
     return f"127.0.{n // 256}.{n % 256}"
 
@@ -46,7 +51,7 @@ class AddressPool:
             if n % 256 in (0, 255):
                 continue
             ip = _to_ip(n)
-            handle = open(lock_dir / ip, "wb")  # noqa: SIM115 - held open as the reservation
+            handle = open(lock_path(ip), "wb")  # noqa: SIM115 - held open as the reservation
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -7,7 +7,8 @@ accepts and returns and the EPP parses, so one builder serves a fake reader in a
 objects. Builders emit only what was set (plus ``apiVersion``/``kind``/``metadata.name`` and, for
 pods, a minimal valid spec), so leaving out a required field is how a test builds an invalid object.
 
-    PodBuilder("p1").namespace(ns).labels(app="x").ready("127.0.0.5").build()
+    PodBuilder("p1").namespace(ns).labels(app="x").ready("127.0.0.5").build()      # forged (never bound)
+    SimPodBuilder("p1").namespace(ns).labels(app="x").simulator(8000, ["--model=m"]).build()  # agent-run
     PoolBuilder("pool").namespace(ns).selector(app="x").port(8000).extension_ref("epp").build()
     ModelBuilder("m").model_name("llama").criticality("Critical").pool("pool").target("lora-a", weight=50)
 
@@ -17,7 +18,7 @@ This module imports nothing from ``kubernetes`` (unit tests of ``epp`` stay chea
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Self
 
@@ -29,8 +30,14 @@ HOLD_FINALIZER: Final = "harness.test/hold"
 SIM_CONTAINER: Final = "sim"
 SIM_IMAGE: Final = "sim"
 STAND_IN_SCHEDULER: Final = "epp-harness-kubelet-stand-in"
-"""``spec.schedulerName`` of built pods: no scheduler serves it, so the real kube-scheduler leaves these
-pods alone (unbound, deleted at once) while ``harness.kubelet.Kubelet`` writes their status."""
+"""``spec.schedulerName`` of ``PodBuilder`` pods: no scheduler serves it, so the real kube-scheduler
+leaves these pods alone (unbound, deleted at once) and the node agent never runs them, while
+``harness.forged.ForgedKubelet`` writes their status."""
+SIM_IMAGE_REF: Final = "epp-harness/vllm-sim:latest"
+"""The image the node agent runs as our vLLM simulator (``harness.nodeagent.images``)."""
+PROBE_PERIOD_ANNOTATION: Final = "epp-harness/probe-period-seconds"
+"""Read by the node agent: probe this often (a harness knob; a kubelet's minimum is 1 s)."""
+ADMIN_PORT_OFFSET: Final = 10000  # the simulator's admin listener: serving port + this
 
 
 def rfc3339(moment: datetime) -> str:
@@ -132,7 +139,8 @@ class _ObjectBuilder:
 
 
 class PodBuilder(_ObjectBuilder):
-    """A Pod with one container (image ``sim``; no real kubelet ever runs it)."""
+    """A stand-in Pod with one container (image ``sim``): never bound, so nothing ever runs it; its
+    status is whatever ``harness.forged.ForgedKubelet`` (or a unit test) says."""
 
     _kind = "Pod"
 
@@ -198,6 +206,63 @@ class PodBuilder(_ObjectBuilder):
         pod["spec"] = self.spec_dict()
         if self._status is not None:
             pod["status"] = copy.deepcopy(self._status)
+        return pod
+
+
+class SimPodBuilder(_ObjectBuilder):
+    """A Pod the node agent runs: one simulator container per port, each with a readiness probe on
+    ``/health`` (which the simulator's admin port can make fail) and its admin port declared."""
+
+    _kind = "Pod"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._containers: list[JsonObject] = []
+        self._spec: JsonObject = {}
+        self._pre_stop: int | None = None
+
+    def simulator(
+        self, port: int, args: Sequence[str] = (), *, healthy: bool = True, image: str = SIM_IMAGE_REF
+    ) -> Self:
+        """A simulator container serving ``port`` (``args``: ``python -m harness.sim`` flags)."""
+        name = SIM_CONTAINER if not self._containers else f"{SIM_CONTAINER}-{port}"
+        flags = [f"--port={port}", *args, *([] if healthy else ["--fail-health"])]
+        self._containers.append(
+            {
+                "name": name,
+                "image": image,
+                "args": flags,
+                "ports": [
+                    {"name": "http" if not self._containers else f"http-{port}", "containerPort": port},
+                    {"name": "admin" if not self._containers else f"admin-{port}",
+                     "containerPort": port + ADMIN_PORT_OFFSET},
+                ],
+                "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 1,
+                                   "failureThreshold": 1},
+            }
+        )  # fmt: skip
+        return self
+
+    def probe_period(self, seconds: float) -> Self:
+        """Probe faster than a kubelet can (``PROBE_PERIOD_ANNOTATION``): readiness flips in tests."""
+        return self.annotations({PROBE_PERIOD_ANNOTATION: f"{seconds:g}"})
+
+    def pre_stop(self, seconds: int) -> Self:
+        """Each container sleeps ``seconds`` in a preStop hook (still Ready, as in a drain) before SIGTERM."""
+        self._pre_stop = seconds
+        return self
+
+    def grace_period(self, seconds: int) -> Self:
+        self._spec["terminationGracePeriodSeconds"] = seconds
+        return self
+
+    def build(self) -> JsonObject:
+        pod = self._object()
+        containers = copy.deepcopy(self._containers)
+        if self._pre_stop is not None:
+            for container in containers:
+                container["lifecycle"] = {"preStop": {"sleep": {"seconds": self._pre_stop}}}
+        pod["spec"] = {**copy.deepcopy(self._spec), "containers": containers}
         return pod
 
 

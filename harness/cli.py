@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the demo's pool and models, 4 simulated pods, the EPP and Envoy (see `harness demo`)",
     )
+    up.add_argument(
+        "--pool",
+        metavar="[NAMESPACE/]NAME",
+        help="with --with-epp: no demo pool; the EPP and Envoy serve this pool, which you apply with kubectl "
+        "(examples/cluster/vllm-sim.yaml defines vllm-llama3-8b-instruct)",
+    )
     up.set_defaults(handler=cmd_up)
 
     build = commands.add_parser(
@@ -88,6 +94,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         from harness.demo import up_with_epp
 
         return up_with_epp(args)
+    if args.pool:
+        print("error: --pool goes with --with-epp", file=sys.stderr)
+        return 2
     stop_requested = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -115,11 +124,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             signal.signal(sig, request_stop)
         _print_access(plane, args.write_kubeconfig)
         while not stop_requested.wait(_WATCH_INTERVAL):
-            dead = [p.name for p in plane.processes if not p.running]
+            dead = plane.dead_processes()
             if dead:
                 print(f"error: {', '.join(dead)} exited unexpectedly; stopping", file=sys.stderr)
-                for process in plane.processes:
-                    print(f"--- {process.name} log ---\n{process.log_tail()}", file=sys.stderr)
+                print(plane.log_tails(40), file=sys.stderr)
                 return 1
         print("stopping ...", flush=True)
         return 0
@@ -142,6 +150,10 @@ def _print_access(plane: ControlPlane, copy_to: Path | None) -> None:
     print(f"server:     {plane.server_url}")
     print(f"kubeconfig: {kubeconfig}")
     print(f"kubectl:    {command}")
+    if plane.access.node_agent_url:
+        print(
+            f"pods:       {plane.nodes} nodes run by the node agent; {plane.access.node_agent_url}/debug/pods"
+        )
     print("Press Ctrl-C to stop.", flush=True)
 
 

@@ -9,14 +9,17 @@ nodes, namespaces really finish deleting, and every namespace gets its ``default
   exists (RBAC bootstrap has run). Then, in the full plane, the scheduler and the controller-manager
   start side by side, each with its own client-certificate identity (``system:kube-scheduler``,
   ``system:kube-controller-manager``: the users RBAC's bootstrap policy already binds), ready by
-  their ``/healthz``; the plane is ready once the ``default`` ServiceAccount of the ``default``
-  namespace exists (the controllers are working).
+  their ``/healthz``, and the node agent (``harness.nodeagent``: the cluster's kubelets, one process
+  running every pod bound to its nodes) under its own identity ``epp-harness:node-agent``, bound by
+  the plane to a ClusterRole with what a kubelet needs, ready once its nodes are schedulable; the
+  plane is ready once the ``default`` ServiceAccount of the ``default`` namespace exists (the
+  controllers are working).
 * The ServiceAccount admission plugin is on exactly when the controller-manager runs (as in a real
   cluster); the minimal plane (etcd + apiserver, for fast test tiers) keeps it off like envtest,
   because nothing would create the ServiceAccounts that pods need.
-* A partial start is rolled back; stop goes in reverse order and removes the temp dir. The CA (with
-  its key) is kept in the plane's PKI directory, so ``harness.identities`` can mint a kubeconfig for
-  any user and groups.
+* A partial start is rolled back; stop goes in reverse order and removes the temp dir
+  (``harness.process.ChildProcesses``). The CA (with its key) is kept in the plane's PKI directory,
+  so ``harness.identities`` can mint a kubeconfig for any user and groups.
 
 The scheduler and the controller-manager get ``--kube-api-qps=1000`` (as envtest's own client): at
 the default 20 QPS the controller-manager, which creates a ServiceAccount and requests a token for
@@ -30,10 +33,10 @@ dependency) and ``--advertise-address=127.0.0.1`` so the host needs no default r
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
-import shutil
 import ssl
-import tempfile
+import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +47,8 @@ import yaml
 
 from harness import certs
 from harness.go_binaries import binary_path
-from harness.ports import LOOPBACK, PortReservation, reserve_port
-from harness.process import ManagedProcess, http_health_check, temp_prefix
+from harness.ports import LOOPBACK
+from harness.process import ChildProcesses, ManagedProcess, http_health_check
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, Configuration
@@ -60,10 +63,15 @@ ETCD: Final = "etcd"
 KUBE_APISERVER: Final = "kube-apiserver"
 KUBE_SCHEDULER: Final = "kube-scheduler"
 KUBE_CONTROLLER_MANAGER: Final = "kube-controller-manager"
+NODE_AGENT: Final = "node-agent"
 MINIMAL: Final = (ETCD, KUBE_APISERVER)
 """etcd + kube-apiserver: objects and watches only (envtest's plane), for fast test tiers."""
-FULL: Final = (*MINIMAL, KUBE_SCHEDULER, KUBE_CONTROLLER_MANAGER)
-"""A cluster minus kubelets and the pod network: the scheduler and the controllers run too."""
+CONTROLLERS: Final = (*MINIMAL, KUBE_SCHEDULER, KUBE_CONTROLLER_MANAGER)
+"""The scheduler and the controllers too, but no kubelets: pods are bound and never run."""
+FULL: Final = (*CONTROLLERS, NODE_AGENT)
+"""A cluster: the scheduler, the controllers, and the node agent that runs the pods on its nodes."""
+NODE_AGENT_USER: Final = "epp-harness:node-agent"
+DEFAULT_NODES: Final = 4
 
 _IDENTITIES: Final = {
     KUBE_SCHEDULER: "system:kube-scheduler",
@@ -92,6 +100,7 @@ class ClusterAccess:
     client_cert_path: Path | None = None
     client_key_path: Path | None = None
     ca_key_path: Path | None = None
+    node_agent_url: str | None = None  # the node agent's /healthz and /debug/pods, when the plane runs one
 
     @classmethod
     def from_kubeconfig(cls, path: Path) -> ClusterAccess:
@@ -125,7 +134,8 @@ class ClusterAccess:
             return Path(data[key]) if data.get(key) else None
 
         return cls(Path(data["kubeconfig_path"]), str(data["server_url"]), path("ca_cert_path"),
-                   path("client_cert_path"), path("client_key_path"), path("ca_key_path"))  # fmt: skip
+                   path("client_cert_path"), path("client_key_path"), path("ca_key_path"),
+                   data.get("node_agent_url"))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=8)
@@ -139,7 +149,7 @@ def _kubeconfig_configuration(path: str, mtime_ns: int) -> Configuration:
 
 
 class ControlPlane:
-    """etcd + kube-apiserver (+ kube-scheduler + kube-controller-manager) (+ the upstream CRDs)."""
+    """etcd + kube-apiserver (+ kube-scheduler + kube-controller-manager + node agent) (+ the CRDs)."""
 
     def __init__(
         self,
@@ -153,14 +163,18 @@ class ControlPlane:
         binaries: Mapping[str, Path] | None = None,
         etcd_port: int | None = None,
         extra_apiserver_args: Sequence[str] = (),
+        nodes: int = DEFAULT_NODES,
     ) -> None:
-        """``components`` is ``FULL`` (default), ``MINIMAL``, or any set containing both of
-        ``MINIMAL``'s. ``binaries`` overrides the path of a component's binary (default: the
-        environment / cache / build of ``harness.go_binaries``). ``etcd_port`` pins etcd's client
-        port instead of reserving a free one (tests use it to provoke a port clash)."""
+        """``components`` is ``FULL`` (default), ``CONTROLLERS``, ``MINIMAL``, or any set containing
+        both of ``MINIMAL``'s (the node agent also needs the scheduler and the controller-manager).
+        ``binaries`` overrides the path of a component's binary (default: the environment / cache /
+        build of ``harness.go_binaries``). ``etcd_port`` pins etcd's client port instead of reserving
+        a free one (tests use it to provoke a port clash). ``nodes``: how many Nodes the agent runs."""
         unknown = set(components) - set(FULL)
         if unknown or not set(MINIMAL) <= set(components):
             raise ValueError(f"components must include {MINIMAL} and be among {FULL}, got {components}")
+        if NODE_AGENT in components and not set(CONTROLLERS) <= set(components):
+            raise ValueError(f"the node agent needs {CONTROLLERS[2:]} too, got {components}")
         self.components = tuple(c for c in FULL if c in components)
         self.install_crds = install_crds
         self.crd_release = crd_release
@@ -170,15 +184,17 @@ class ControlPlane:
         self._binaries = dict(binaries or {})
         self._etcd_port = etcd_port
         self._extra_apiserver_args = list(extra_apiserver_args)
+        self.nodes = nodes
         self.root: Path | None = None
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
         self.scheduler: ManagedProcess | None = None
         self.controller_manager: ManagedProcess | None = None
+        self.node_agent: ManagedProcess | None = None
         self.crds_installed = False
         self._access: ClusterAccess | None = None
         self._pki: dict[str, Path] = {}
-        self._ports: list[PortReservation] = []
+        self._children = ChildProcesses()
 
     # ------------------------------------------------------------------ public surface
 
@@ -199,8 +215,7 @@ class ControlPlane:
     @property
     def processes(self) -> list[ManagedProcess]:
         """The component processes started so far, in start order."""
-        started = (self.etcd, self.apiserver, self.scheduler, self.controller_manager)
-        return [p for p in started if p is not None]
+        return self._children.processes
 
     @property
     def runs_controllers(self) -> bool:
@@ -228,21 +243,19 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop the components in reverse order; release ports; remove the temp dir. Idempotent."""
         try:
-            for process in reversed(self.processes):
-                process.stop()
+            self._children.close()
         finally:
-            for reservation in self._ports:
-                reservation.release()
-            self._ports.clear()
-            if self.root is not None:
-                shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
             self._access = None
+
+    def dead_processes(self) -> list[str]:
+        """Components that were started and have exited since."""
+        return self._children.dead()
 
     def log_tails(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The end of every component's log (also for components that never started), for errors."""
         named = {ETCD: self.etcd, KUBE_APISERVER: self.apiserver, KUBE_SCHEDULER: self.scheduler,
-                 KUBE_CONTROLLER_MANAGER: self.controller_manager}  # fmt: skip
+                 KUBE_CONTROLLER_MANAGER: self.controller_manager, NODE_AGENT: self.node_agent}  # fmt: skip
         parts = []
         for name in self.components:
             process = named[name]
@@ -265,8 +278,11 @@ class ControlPlane:
         return self._binaries.get(component) or binary_path(component)
 
     def _start(self) -> None:
-        binaries = {component: self._binary(component) for component in self.components}
-        self.root = Path(tempfile.mkdtemp(prefix=temp_prefix("cp")))
+        binaries = {
+            component: self._binary(component) for component in self.components if component != NODE_AGENT
+        }
+        self._children = ChildProcesses()
+        self.root = self._children.temp_dir("cp")
         self._pki = _write_pki(self.root / "pki")
         etcd_url = self._start_etcd(binaries[ETCD])
         self._start_apiserver(binaries[KUBE_APISERVER], etcd_url)
@@ -285,9 +301,11 @@ class ControlPlane:
                     f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 ],
             )
-        launched = [p for p in (self.scheduler, self.controller_manager) if p is not None]
+        if NODE_AGENT in self.components:
+            self.node_agent = self._node_agent()
+        launched = [p for p in (self.scheduler, self.controller_manager, self.node_agent) if p is not None]
         for process in launched:
-            process.launch()  # side by side, and CRDs meanwhile: each needs only the API server
+            self._children.launch(process)  # side by side, and CRDs meanwhile: each needs only the API server
         if self.install_crds:
             from harness import crds
 
@@ -306,7 +324,7 @@ class ControlPlane:
         client_url = f"http://{LOOPBACK}:{client_port}"
         directory = self.root / ETCD
         directory.mkdir()
-        self.etcd = ManagedProcess(
+        self.etcd = self._children.add(ManagedProcess(
             ETCD,
             binary,
             [
@@ -321,7 +339,7 @@ class ControlPlane:
             health_url=f"{client_url}/health",
             start_timeout=self.start_timeout,
             stop_timeout=self.stop_timeout,
-        )
+        ))  # fmt: skip
         self.etcd.start()
         return client_url
 
@@ -364,14 +382,16 @@ class ControlPlane:
         context = self._admin_ssl_context()
         readyz = http_health_check(f"{server_url}/readyz", context)
         default_namespace = http_health_check(f"{server_url}/api/v1/namespaces/default", context)
-        self.apiserver = ManagedProcess(
-            KUBE_APISERVER,
-            binary,
-            args,
-            dir=directory,
-            health_check=lambda: readyz() and default_namespace(),
-            start_timeout=self.start_timeout,
-            stop_timeout=self.stop_timeout,
+        self.apiserver = self._children.add(  # named before it starts: a failed start shows its log
+            ManagedProcess(
+                KUBE_APISERVER,
+                binary,
+                args,
+                dir=directory,
+                health_check=lambda: readyz() and default_namespace(),
+                start_timeout=self.start_timeout,
+                stop_timeout=self.stop_timeout,
+            )
         )
         self.apiserver.start()
 
@@ -426,10 +446,84 @@ class ControlPlane:
         context.load_cert_chain(self._pki["admin.crt"], self._pki["admin.key"])
         return context
 
+    def _node_agent(self) -> ManagedProcess:
+        """The cluster's kubelets: ``python -m harness.nodeagent`` under its own identity."""
+        assert self.root is not None
+        assert self._access is not None
+        directory = self.root / NODE_AGENT
+        directory.mkdir()
+        ca = certs.TinyCA.load(self._pki["ca.crt"].read_bytes(), self._pki["ca.key"].read_bytes())
+        identity = ca.issue_client(NODE_AGENT_USER)
+        kubeconfig = directory / "kubeconfig"
+        write_kubeconfig(kubeconfig, self._access.server_url, ca.cert_pem, NODE_AGENT_USER,
+                         client_cert=identity.cert_pem, client_key=identity.key_pem)  # fmt: skip
+        with self.api_client() as api_client:
+            grant_node_agent(api_client, NODE_AGENT_USER)
+        port = self._reserve()
+        url = f"http://{LOOPBACK}:{port}"
+        self._access = dataclasses.replace(self._access, node_agent_url=url)
+        return ManagedProcess(
+            NODE_AGENT,
+            sys.executable,
+            [
+                "-m",
+                "harness.nodeagent",
+                f"--kubeconfig={kubeconfig}",
+                f"--state-dir={directory / 'state'}",
+                f"--nodes={self.nodes}",
+                f"--health-port={port}",
+            ],
+            dir=directory,
+            health_url=f"{url}/healthz",
+            start_timeout=self.start_timeout,
+            stop_timeout=self.stop_timeout,
+        )
+
     def _reserve(self) -> int:
-        reservation = reserve_port()
-        self._ports.append(reservation)
-        return reservation.port
+        return self._children.reserve_port()
+
+
+_ALL: Final = ["get", "list", "watch", "create", "update", "patch", "delete"]
+_READ: Final = ["get", "list", "watch"]
+NODE_AGENT_RULES: Final = (
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": _ALL},
+    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["get", "update", "patch"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": _ALL},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": [*_READ, "delete"]},
+    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["get", "update", "patch"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "update", "patch"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["configmaps", "secrets", "services"], "verbs": _READ},
+)
+"""What a kubelet may do (the Node authorizer's grants, for N nodes under one identity)."""
+
+
+def grant_node_agent(api_client: ApiClient, user: str) -> None:
+    """ClusterRole ``epp-harness:node-agent`` and its binding to ``user`` (created or replaced)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    name = NODE_AGENT_USER
+    role = client.V1ClusterRole.model_validate({"metadata": {"name": name}, "rules": list(NODE_AGENT_RULES)})
+    binding = client.V1ClusterRoleBinding.model_validate(
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
+    writes: list[tuple[Any, Any, Any]] = [
+        (rbac.create_cluster_role, rbac.replace_cluster_role, role),
+        (rbac.create_cluster_role_binding, rbac.replace_cluster_role_binding, binding),
+    ]
+    for create, replace, body in writes:
+        try:
+            create(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            replace(name, body)
 
 
 def _write_pki(directory: Path) -> dict[str, Path]:

@@ -31,8 +31,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
-import shutil
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,8 +41,7 @@ from typing import Any, Final, Literal, Self
 from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 from harness.binaries import envoy_path
 from harness.certs import ExtProcTls
-from harness.ports import PortReservation, reserve_port
-from harness.process import ManagedProcess, http_health_check, temp_prefix
+from harness.process import ChildProcesses, ManagedProcess, http_health_check
 
 with warnings.catch_warnings():
     # envoy-data-plane 2.2's generated classes use a validator form pydantic 2.12 deprecates; the
@@ -492,7 +489,7 @@ class Envoy:
         self.ext_proc_tls = ext_proc_tls
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
-        self._reservations: list[PortReservation] = []
+        self._children = ChildProcesses()
         self._process: ManagedProcess | None = None
         self._dir: Path | None = None
         self.port = 0
@@ -542,13 +539,14 @@ class Envoy:
             raise
 
     def _start(self) -> None:
+        self._children = ChildProcesses()
         self.port = self._fixed_port if self._fixed_port is not None else self._reserve()
         self.admin_port = self._fixed_admin_port if self._fixed_admin_port is not None else self._reserve()
         if self._given_dir is not None:
             self._given_dir.mkdir(parents=True, exist_ok=True)
             self._dir = self._given_dir
         else:
-            self._dir = Path(tempfile.mkdtemp(prefix=temp_prefix("envoy")))
+            self._dir = self._children.temp_dir("envoy")
         self.bootstrap = self._build_bootstrap()
         config_path = self.dir / "bootstrap.json"
         config_path.write_text(bootstrap_json(self.bootstrap))
@@ -557,14 +555,19 @@ class Envoy:
         args += ["--base-id", str(self.admin_port)]
         args += ["--concurrency", str(self.options.concurrency), "--log-level", self.options.log_level]
         args += ["--file-flush-interval-msec", str(ACCESS_LOG_FLUSH_MS)]
-        self._process = ManagedProcess(
-            "envoy",
-            self._binary or envoy_path(),
-            args,
-            dir=self.dir,
-            health_check=http_health_check(f"{self.admin_url}/ready"),
-            start_timeout=self._start_timeout,
-            stop_timeout=self._stop_timeout,
+        # Envoy leaves its hot-restart shared memory behind, named after the base id: removed after it.
+        shm = Path(f"{_HOT_RESTART_SHM_PREFIX}{self.admin_port * 10}")
+        self._children.defer(lambda: shm.unlink(missing_ok=True))
+        self._process = self._children.add(
+            ManagedProcess(
+                "envoy",
+                self._binary or envoy_path(),
+                args,
+                dir=self.dir,
+                health_check=http_health_check(f"{self.admin_url}/ready"),
+                start_timeout=self._start_timeout,
+                stop_timeout=self._stop_timeout,
+            )
         )
         self._process.start()
 
@@ -580,24 +583,14 @@ class Envoy:
         )
 
     def _reserve(self) -> int:
-        reservation = reserve_port(LOOPBACK)
-        self._reservations.append(reservation)
-        return reservation.port
+        return self._children.reserve_port(LOOPBACK)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after the stop timeout; release the ports; remove a temp dir."""
-        process, self._process = self._process, None
         try:
-            if process is not None:
-                process.stop()
-                # Envoy leaves its hot-restart shared memory behind, named after the base id.
-                Path(f"{_HOT_RESTART_SHM_PREFIX}{self.admin_port * 10}").unlink(missing_ok=True)
+            self._children.close()
         finally:
-            for reservation in self._reservations:
-                reservation.release()
-            self._reservations.clear()
-            if self._dir is not None and self._given_dir is None:
-                shutil.rmtree(self._dir, ignore_errors=True)
+            self._process = None
             self._dir = None
 
     def __enter__(self) -> Self:

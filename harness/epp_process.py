@@ -9,9 +9,7 @@ CA of its own for `server_name` (a Service DNS name, as cert-manager would issue
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +18,8 @@ from typing import Any
 from harness import epp_probe
 from harness.certs import ExtProcTls, TinyCA
 from harness.eventually import eventually
-from harness.ports import LOOPBACK, PortReservation, reserve_port
-from harness.process import ManagedProcess, temp_prefix
+from harness.ports import LOOPBACK
+from harness.process import ChildProcesses, ManagedProcess
 
 
 @dataclass
@@ -33,7 +31,9 @@ class EppProcess:
     # Added to the inherited environment: the scheduler's thresholds are env vars, as upstream.
     extra_env: Mapping[str, str] = field(default_factory=dict)
     verbosity: int = 2
-    _ports: dict[str, PortReservation] = field(default_factory=dict, init=False)
+    # What outlives a restart (the ports, the certificate), released by close().
+    _kept: ChildProcesses = field(default_factory=ChildProcesses, init=False)
+    _ports: dict[str, int] = field(default_factory=dict, init=False)
     _process: ManagedProcess | None = field(default=None, init=False)
     _cert_dir: Path | None = field(default=None, init=False)
     _ca_pem: bytes = field(default=b"", init=False)
@@ -41,7 +41,7 @@ class EppProcess:
     def start(self, timeout: float = 30.0) -> None:
         """Spawn and wait until the process serves /metrics (ready to answer, pool or not)."""
         if not self._ports:
-            self._ports = {name: reserve_port() for name in ("grpc", "health", "metrics", "debug")}
+            self._ports = {name: self._kept.reserve_port() for name in ("grpc", "health", "metrics", "debug")}
         cert_dir = self._serving_certificate()
         args = [
             "-m",
@@ -78,16 +78,24 @@ class EppProcess:
     def kill(self) -> None:
         """Simulate a crash: SIGKILL, no graceful shutdown."""
         if self._process is not None:
-            self._process.stop_timeout = 0.0
-            self.stop()
+            self._process.kill()
+            self._process = None
+
+    def pause(self) -> None:
+        """SIGSTOP (the benchmark parks idle EPPs so their probes cost the others nothing)."""
+        if self._process is not None:
+            self._process.pause()
+
+    def resume(self) -> None:
+        if self._process is not None:
+            self._process.resume()
 
     def close(self) -> None:
-        self.stop()
-        for reservation in self._ports.values():
-            reservation.release()
-        self._ports.clear()
-        if self._cert_dir is not None:
-            shutil.rmtree(self._cert_dir, ignore_errors=True)
+        try:
+            self.stop()
+        finally:
+            self._kept.close()
+            self._ports.clear()
             self._cert_dir = None
 
     def _serving_certificate(self) -> Path:
@@ -96,7 +104,7 @@ class EppProcess:
             # Common names are capped at 64 characters; the (longer) Service name goes in the SAN.
             ca = TinyCA(common_name="epp-serving-ca")
             pair = ca.issue_serving(dns_names=[self.server_name], ips=[], common_name="endpoint-picker")
-            cert_dir = Path(tempfile.mkdtemp(prefix=temp_prefix("epp-certs")))
+            cert_dir = self._kept.temp_dir("epp-certs")
             (cert_dir / "tls.crt").write_bytes(pair.cert_pem)
             key = cert_dir / "tls.key"
             key.touch(mode=0o600)
@@ -135,19 +143,19 @@ class EppProcess:
 
     @property
     def grpc_port(self) -> int:
-        return self._ports["grpc"].port
+        return self._ports["grpc"]
 
     @property
     def health_port(self) -> int:
-        return self._ports["health"].port
+        return self._ports["health"]
 
     @property
     def metrics_port(self) -> int:
-        return self._ports["metrics"].port
+        return self._ports["metrics"]
 
     @property
     def debug_port(self) -> int:
-        return self._ports["debug"].port
+        return self._ports["debug"]
 
     @property
     def ext_proc_address(self) -> str:

@@ -92,15 +92,17 @@ def deleted_by_this_write(obj: JsonObject) -> bool:
     return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") and not grace
 
 
-def _deletion_revision(watch: Callable[..., Any], name: str, since: str) -> str:
+def _deletion_revision(
+    watch: Callable[..., Any], name: str, since: str, timeout: int = DELETION_WATCH_TIMEOUT
+) -> str:
     """The resourceVersion of the DELETED event of ``name`` after revision ``since``."""
     response = watch(
         watch=True,
         field_selector=f"metadata.name={name}",
         resource_version=since,
-        timeout_seconds=DELETION_WATCH_TIMEOUT,
+        timeout_seconds=timeout,
         _preload_content=False,
-        _request_timeout=DELETION_WATCH_TIMEOUT + 5,
+        _request_timeout=timeout + 5,
     )
     try:
         for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
@@ -114,7 +116,7 @@ def _deletion_revision(watch: Callable[..., Any], name: str, since: str) -> str:
     finally:
         response.close()  # mid-stream: the connection cannot be reused, only closed
         response.release_conn()
-    raise RuntimeError(f"no DELETED event for {name} after revision {since} in {DELETION_WATCH_TIMEOUT}s")
+    raise TimeoutError(f"no DELETED event for {name} after revision {since} in {timeout}s")
 
 
 def _at_revision(obj: JsonObject, revision: str) -> JsonObject:
@@ -315,6 +317,18 @@ class PodClient(_Writes):
         )
         # The answer already carries the delete's own revision, whether the pod went or lingers.
         return self._report(response_json(deleted))
+
+    def wait_deleted(
+        self, namespace: str, pod: JsonObject, timeout: int = DELETION_WATCH_TIMEOUT
+    ) -> JsonObject:
+        """Wait until ``pod`` (as some write left it) is gone; the pod stamped with its deletion's revision.
+
+        For a graceful delete the node's kubelet makes that last delete; it is not reported to
+        ``on_write`` here (the caller decides whether the deletion was its write).
+        """
+        name = str(pod["metadata"]["name"])
+        since = str(pod["metadata"]["resourceVersion"])
+        return _at_revision(pod, _deletion_revision(self._watch(namespace), name, since, timeout))
 
     def list(self, namespace: str, label_selector: str | None = None) -> list[JsonObject]:
         return list_items(self.list_raw(namespace, label_selector))

@@ -4,8 +4,8 @@
 allocatable, addresses, node info) and then keeps one ``coordination.k8s.io`` Lease per node renewed
 in ``kube-node-lease``, as a kubelet's heartbeat does (every 10 s for a 40 s lease), so the
 node-lifecycle controller never marks them NotReady and taints them ``NoExecute``. Nothing runs pods
-on these nodes: the scheduler binds pods to them (``spec.nodeName``), and that is all. A node agent
-that also runs the bound pods builds on this class.
+on these nodes: the scheduler binds pods to them (``spec.nodeName``), and that is all. The node
+agent (``harness.nodeagent``), which also runs the bound pods, builds on this class.
 
 Isolation in a shared control plane: Nodes are cluster-scoped and the scheduler binds *any* pending
 pod to *any* schedulable node. So every set labels its nodes ``epp-harness/node-set=<id>`` and (by
@@ -60,15 +60,18 @@ class NodeSet:
         renew_interval: float = RENEW_INTERVAL_S,
         wait_schedulable: bool = True,
         timeout: float = 60.0,
+        internal_ip: str | None = None,
     ) -> None:
         """``wait_schedulable``: ``start()`` returns once the node-lifecycle controller has lifted the
         ``node.kubernetes.io/not-ready`` taint that admission puts on every new Node (as for a real
-        kubelet's node); pass False in a plane without controllers, where it is never lifted."""
+        kubelet's node); pass False in a plane without controllers, where it is never lifted.
+        ``internal_ip``: the nodes' InternalIP address (a pod's ``hostIP``); only a Hostname otherwise."""
         self.id = secrets.token_hex(4)
         self.names = [f"harness-node-{self.id}-{i}" for i in range(count)]
         self.labels = {**(labels or {}), NODE_SET_KEY: self.id}
         self.taint = {"key": NODE_SET_KEY, "value": self.id, "effect": "NoSchedule"} if taint else None
         self.capacity = dict(capacity or DEFAULT_CAPACITY)
+        self.internal_ip = internal_ip
         self.renewal_errors: list[str] = []
         self._core = client.CoreV1Api(api_client)
         self._leases = client.CustomObjectsApi(api_client)  # raw JSON for coordination.k8s.io/v1
@@ -158,7 +161,10 @@ class NodeSet:
                 "capacity": self.capacity,
                 "allocatable": self.capacity,
                 "conditions": conditions,
-                "addresses": [{"type": "Hostname", "address": name}],
+                "addresses": [
+                    *([{"type": "InternalIP", "address": self.internal_ip}] if self.internal_ip else []),
+                    {"type": "Hostname", "address": name},
+                ],
                 "nodeInfo": {
                     "architecture": "amd64",
                     "bootID": "",

@@ -14,6 +14,13 @@ Why this shape (STYLE habit 12):
 * Whoever starts a process stops and reaps it: there is no way to hand a running child to another
   process (an exiting parent would leave Python's "subprocess ... is still running" warning and an
   unreaped child behind), so a control plane shared by xdist workers is started by the controller.
+* ``pause()``/``resume()`` stop and continue the whole group (SIGSTOP/SIGCONT); ``stop()`` resumes a
+  paused group first, since a stopped process cannot act on SIGTERM.
+
+``ChildProcesses`` is the owner's side, shared by every part of the harness that runs child
+processes (the control plane, Envoy, the EPP process, the benchmark's routers): the processes it
+started and what they hold (reserved ports, temp dirs), torn down in reverse order on ``close()``,
+also after a start that failed half-way.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
+
+from harness.ports import LOOPBACK, reserve_port
 
 TEMP_DIR_PREFIX: Final = "epp-harness-"
 """Prefix of every temp dir the harness creates in ``tempfile.gettempdir()`` (the leak guard checks it)."""
@@ -122,6 +131,7 @@ class ManagedProcess:
         self._owns_dir = False
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._paused = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -212,6 +222,9 @@ class ManagedProcess:
         try:
             if proc is not None:
                 _unregister(self)
+                if self._paused:
+                    _killpg(proc.pid, signal.SIGCONT)
+                    self._paused = False
                 _terminate_group(proc.pid, self.stop_timeout, lambda: _exit_status(proc.pid) is not None)
                 proc.wait()
         finally:
@@ -221,6 +234,22 @@ class ManagedProcess:
             if self._owns_dir and self.dir is not None:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self._owns_dir = False
+
+    def kill(self) -> None:
+        """A crash, not a shutdown: SIGKILL the group at once, then reap (``stop()`` with no grace)."""
+        self.stop_timeout = 0.0
+        self.stop()
+
+    def pause(self) -> None:
+        """SIGSTOP the group (it keeps its state and sockets; uses no CPU until ``resume()``)."""
+        if self._proc is not None and not self._paused:
+            _killpg(self._proc.pid, signal.SIGSTOP)
+            self._paused = True
+
+    def resume(self) -> None:
+        if self._proc is not None and self._paused:
+            _killpg(self._proc.pid, signal.SIGCONT)
+            self._paused = False
 
     # ------------------------------------------------------------------ introspection
 
@@ -260,6 +289,82 @@ class ManagedProcess:
 
     def __repr__(self) -> str:
         return f"ManagedProcess({self.name!r}, pid={self.pid}, dir={self.dir})"
+
+
+class ChildProcesses:
+    """The child processes one owner started, and the resources they hold, undone in reverse order.
+
+    Register each thing when it is taken (``start``/``launch``/``add`` a process, ``reserve_port``,
+    ``temp_dir``, or any ``defer``red cleanup); ``close()`` stops and releases everything taken so far,
+    last first, whether the owner's start finished or failed half-way, and is idempotent. Errors
+    while closing do not stop the rest from being closed; the first one is raised at the end.
+    """
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+        self._processes: list[ManagedProcess] = []
+
+    def add(self, process: ManagedProcess) -> ManagedProcess:
+        """Own ``process`` (stopped by ``close()``) without starting it."""
+        self._processes.append(process)
+        self._undo.append(process.stop)
+        return process
+
+    def launch(self, process: ManagedProcess) -> ManagedProcess:
+        """Own and spawn it; ``process.wait_until_healthy()`` later (siblings start side by side)."""
+        self.add(process).launch()
+        return process
+
+    def start(self, process: ManagedProcess) -> ManagedProcess:
+        """Own it, spawn it and wait until it is healthy."""
+        self.add(process).start()
+        return process
+
+    def defer(self, cleanup: Callable[[], None]) -> None:
+        self._undo.append(cleanup)
+
+    def reserve_port(self, host: str = LOOPBACK) -> int:
+        """A port reserved across processes (``harness.ports``), released at ``close()``."""
+        reservation = reserve_port(host)
+        self.defer(reservation.release)
+        return reservation.port
+
+    def temp_dir(self, kind: str) -> Path:
+        """A harness temp dir (named for the leak guard), removed at ``close()``."""
+        path = Path(tempfile.mkdtemp(prefix=temp_prefix(kind)))
+        self.defer(lambda: shutil.rmtree(path, ignore_errors=True))
+        return path
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """Owned processes, in the order they were added (still listed, stopped, after ``close()``)."""
+        return list(self._processes)
+
+    def dead(self) -> list[str]:
+        """Names of owned processes that were spawned and have exited since."""
+        return [p.name for p in self._processes if p.pid is not None and not p.running]
+
+    def log_tails(self, lines: int = 40) -> str:
+        return "\n".join(
+            f"--- {p.name} log ---\n{p.log_tail(lines) or '(no output)'}" for p in self._processes
+        )
+
+    def close(self) -> None:
+        first: BaseException | None = None
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except BaseException as exc:  # keep closing the rest; the first error is raised after
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> ChildProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def sweep_orphans(root: str | None = None) -> list[str]:

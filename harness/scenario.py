@@ -156,7 +156,18 @@ def _apply_model(bed: TestBed, arg: Any) -> None:
 
 def _add_pod(bed: TestBed, arg: Any) -> None:
     o = _opts(arg, ARGUMENTS["add_pod"], "add_pod")
-    bed.add_pod(_name(o, "add_pod"), o.get("labels"), ready=bool(o.get("ready", True)))
+    pre_stop = o.get("pre_stop")
+    bed.add_pod(
+        _name(o, "add_pod"),
+        o.get("labels"),
+        ready=bool(o.get("ready", True)),
+        pre_stop=None if pre_stop is None else int(pre_stop),
+    )
+
+
+def _add_forged_pod(bed: TestBed, arg: Any) -> None:
+    o = _opts(arg, ARGUMENTS["add_forged_pod"], "add_forged_pod")
+    bed.add_forged_pod(_name(o, "add_forged_pod"), o.get("labels"), ready=bool(o.get("ready", True)))
 
 
 def _pod_labels(bed: TestBed, arg: Any) -> None:
@@ -180,7 +191,10 @@ def _settle(bed: TestBed, arg: Any) -> None:
 
 
 def _request(bed: TestBed, arg: Any) -> ExtProcResult:
+    """Route one request through the EPP, once it has scraped every pod it holds (a pod added by the
+    step before may not have been: the decision would then be about freshness, not about the step)."""
     o = _opts(arg, ARGUMENTS["request"], "request")
+    bed.eventually_scraped()
     body = o.get("body")
     return bed.route(
         o.get("model"),
@@ -202,7 +216,8 @@ def _simple(method: Callable[[TestBed, str], object]) -> Action:
 ARGUMENTS: dict[str, set[str]] = {
     "apply_pool": {"name", "selector", "port"},
     "apply_model": {"name", "modelName", "criticality", "targets", "pool", "namespace"},
-    "add_pod": {"name", "labels", "ready"},
+    "add_pod": {"name", "labels", "ready", "pre_stop"},
+    "add_forged_pod": {"name", "labels", "ready"},
     "pod_labels": {"name", "labels"},
     "gauges": {"pod", *GAUGE_KEYS},
     "request": {"model", "prompt", "chunks", "body", "bodyless"},
@@ -214,15 +229,23 @@ ACTIONS: dict[str, Action] = {
     "delete_pool": _delete_pool,
     "apply_model": _apply_model,
     "delete_model": _simple(TestBed.delete_model),
+    # pods the node agent runs, changed the way a cluster changes them
     "add_pod": _add_pod,
     "pod_ready": _simple(TestBed.pod_ready),
     "pod_unready": _simple(TestBed.pod_unready),
-    "pod_ip": _simple(TestBed.pod_move),
     "pod_labels": _pod_labels,
-    "pod_finalize": _simple(TestBed.pod_hold_and_delete),
-    "pod_release": _simple(TestBed.pod_release),
+    "pod_terminate": _simple(TestBed.terminate_pod),
     "pod_delete": _simple(TestBed.delete_pod),
+    "pod_force_delete": _simple(TestBed.force_delete_pod),
     "pod_recreate": _simple(TestBed.pod_recreate),
+    "pod_kill": _simple(TestBed.kill_container),
+    # forged pods: states no kubelet produces, for bugs that need them
+    "add_forged_pod": _add_forged_pod,
+    "forged_ready": _simple(TestBed.forged_ready),
+    "forged_unready": _simple(TestBed.forged_unready),
+    "forged_pod_ip": _simple(TestBed.forged_move),
+    "forged_finalize": _simple(TestBed.forged_hold_and_delete),
+    "forged_release": _simple(TestBed.forged_release),
     "gauges": _gauges,
     "request": _request,
     "restart_epp": lambda bed, _: bed.restart_epp(),

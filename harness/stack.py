@@ -1,8 +1,9 @@
-"""The whole system as a user runs it: API server objects, simulated pods, the EPP process, Envoy.
+"""The whole system as a user runs it: API server objects, pods run by the node agent, the EPP process, Envoy.
 
-`Stack` is what the e2e tests, `harness demo` and `harness up --with-epp` stand up. Pods, pool and
-models go through the API server (via `TestBed`'s cluster methods); the EPP runs as its own process
-with a kubeconfig, exactly as in a cluster; clients talk to Envoy's listener only.
+`Stack` is what the e2e tests, `harness demo` and `harness up --with-epp` stand up. Pool, models and
+pods go through the API server (`harness.cluster.Cluster`); the node agent runs the pods' simulators;
+the EPP runs as its own process with a kubeconfig, exactly as in a cluster; clients talk to Envoy's
+listener only. What the EPP holds is read through `harness.observer.EppObserver`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from typing import Any
 
 from kubernetes import client
 
+from harness.cluster import Cluster
 from harness.controlplane import ClusterAccess
 from harness.envoy import Envoy, EnvoyOptions
 from harness.epp_process import EppProcess
 from harness.eventually import eventually
 from harness.namespaces import create_namespace
+from harness.observer import EppObserver
+from harness.settle import SettleBarrier
 from harness.sim import SimConfig
-from harness.testbed import TestBed
 
 BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -59,6 +62,9 @@ class StackOptions:
     envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
     epp_args: Sequence[str] = ()
     epp_env: Mapping[str, str] = field(default_factory=dict)
+    # False: the Stack applies no pool, models or pods: the EPP and Envoy serve a pool that a user
+    # (kubectl apply of examples/cluster/, a test) creates in the namespace afterwards.
+    apply_pool: bool = True
 
 
 class Stack:
@@ -67,8 +73,10 @@ class Stack:
     def __init__(self, access: ClusterAccess, options: StackOptions) -> None:
         self.access = access
         self.options = options
+        self.settle_barrier = SettleBarrier()
         self._api: client.ApiClient | None = None
-        self.bed: TestBed | None = None
+        self.cluster: Cluster | None = None
+        self.observer: EppObserver | None = None
         self.epp: EppProcess | None = None
         self.envoy: Envoy | None = None
 
@@ -83,17 +91,17 @@ class Stack:
         opts = self.options
         self._api = self.access.api_client()
         _ensure_namespace(self._api, opts.namespace)
-        self.bed = TestBed(
-            self._api, opts.namespace, self.access.kubeconfig_path, pool_name=opts.pool_name,
+        self.cluster = cluster = Cluster(
+            self._api, opts.namespace, barrier=self.settle_barrier, pool_name=opts.pool_name,
             sim_config=opts.sim_config,
         )  # fmt: skip
-        self.bed.apply_pool()
-        for model in opts.models:
-            self.bed.apply_model(
-                model.name, model.model_name, criticality=model.criticality, targets=model.targets
-            )
-        for i in range(opts.pods):
-            self.bed.add_pod(f"{opts.pool_name}-{i}")
+        if opts.apply_pool:
+            cluster.apply_pool()
+            for model in opts.models:
+                cluster.apply_model(
+                    model.name, model.model_name, criticality=model.criticality, targets=model.targets
+                )
+            cluster.add_pods([cluster.pod_body(f"{opts.pool_name}-{i}") for i in range(opts.pods)])
         self.epp = EppProcess(
             opts.pool_name,
             opts.namespace,
@@ -103,8 +111,12 @@ class Stack:
             extra_env=dict(opts.epp_env),
         )
         self.epp.start()
-        self.epp.wait_serving()
-        self.wait_pods_scraped(opts.pods)
+        self.observer = EppObserver(
+            cluster.kube, opts.namespace, opts.pool_name, self.settle_barrier, self.epp.datastore_view
+        )
+        if opts.apply_pool:
+            self.epp.wait_serving()
+            self.wait_pods_scraped(opts.pods)
         self.envoy = Envoy(self.epp.ext_proc_address, options=opts.envoy, ext_proc_tls=self.epp.ext_proc_tls)
         self.envoy.start()
 
@@ -119,9 +131,10 @@ class Stack:
                     self.epp.close()
                     self.epp = None
             finally:
-                if self.bed is not None:
-                    self.bed.close()
-                    self.bed = None
+                self.observer = None
+                if self.cluster is not None:
+                    self.cluster.close()
+                    self.cluster = None
                 if self._api is not None:
                     self._api.close()  # type: ignore[no-untyped-call]
                     self._api = None
@@ -145,13 +158,29 @@ class Stack:
         return self.epp.datastore_view()
 
     def settled(self, timeout: float = 15.0, *, at: Mapping[str, str | int] | None = None) -> dict[str, Any]:
-        """The settle barrier (`TestBed.settled`) against this Stack's EPP process.
+        """The settle barrier (`EppObserver.settled`) against this Stack's EPP process.
 
-        Writes made through `bed` are recorded; `at` adds resourceVersions written with kubectl
+        Writes made through `cluster` are recorded; `at` adds resourceVersions written with kubectl
         (per kind plural, e.g. ``{"pods": rv}``). Call it before any "X did not happen" check.
         """
-        assert self.bed is not None, "the Stack is not started"
-        return self.bed.settle_barrier.wait(self.datastore_view, at=at, timeout=timeout)
+        assert self.observer is not None, "the Stack is not started"
+        return self.observer.settled(timeout, at=at)
+
+    def dead_processes(self) -> list[str]:
+        dead = []
+        if self.envoy is not None and not self.envoy.running:
+            dead.append("envoy")
+        if self.epp is not None and not self.epp.running:
+            dead.append("epp")
+        return dead
+
+    def log_tails(self) -> str:
+        parts = []
+        if self.epp is not None:
+            parts.append(f"--- epp log ---\n{self.epp.log_tail()}")
+        if self.envoy is not None:
+            parts.append(f"--- envoy log ---\n{self.envoy.log_tail()}")
+        return "\n".join(parts)
 
     def wait_pods_scraped(self, count: int, timeout: float = 30.0) -> None:
         """Until the EPP holds `count` pods, each with fresh metrics (routing decisions are real)."""

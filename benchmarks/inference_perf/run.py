@@ -181,13 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     print("starting the control plane and the demo stack (4 simulated pods, EPP, Envoy) ...", flush=True)
     with ControlPlane() as plane, Stack(plane.access, StackOptions(namespace=NAMESPACE)) as stack:
         assert stack.envoy is not None
-        assert stack.bed is not None
+        assert stack.cluster is not None
         config = write_config(stack.envoy.base_url, tokenizer, out)
         print(f"running inference-perf against {stack.base_url} (config {config}) ...", flush=True)
         began = time.monotonic()
         rc = run_tool(binary, config, out, args.timeout)
         print(f"inference-perf exited {rc} after {time.monotonic() - began:.1f} s", flush=True)
-        served = {name: pod.sim(SIM_PORT).requests_by_model for name, pod in sorted(stack.bed.pods.items())}
+        pods = sorted(stack.cluster.pods.items())
+        served = {name: pod.sim(SIM_PORT).requests_by_model() for name, pod in pods}
     passed, text = summarize(out)
     print(text)
     print("requests per pod, as the simulators counted them:")

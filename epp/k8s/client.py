@@ -44,7 +44,10 @@ class Resource:
     plural: str
 
     def path(self, namespace: str) -> str:
+        """The collection's path in ``namespace``; ``""`` means every namespace (client-go's NamespaceAll)."""
         prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if not namespace:
+            return f"{prefix}/{self.plural}"
         return f"{prefix}/namespaces/{namespace}/{self.plural}"
 
 

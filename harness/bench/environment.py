@@ -1,10 +1,11 @@
 """The pool every policy routes to: pool, models and pods in the API server, simulators on one loop.
 
-The pods are real API objects (the kubelet stand-in reports them Ready at their loopback addresses),
-so the EPP discovers them as in a cluster. Their simulators all run on one event loop in one thread,
-which the load generator shares: on CPython the GIL makes threads share one core anyway, and one loop
-avoids the switching delays several threads would add to every simulated step; it also lets the
-oracle read every engine's true state between two steps without locks.
+The pods are real API objects (forged stand-in pods: `harness.forged` reports them Ready at their
+loopback addresses; the node agent never runs them), so the EPP discovers them as in a cluster.
+Their simulators all run on one event loop in one thread, which the load generator shares: on
+CPython the GIL makes threads share one core anyway, and one loop avoids the switching delays
+several threads would add to every simulated step; it also lets the oracle read every engine's true
+state between two steps without locks.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from harness.bench.workload import WorkloadSpec, inference_model_name
 from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
 from harness.controlplane import ClusterAccess
 from harness.eventually import eventually
+from harness.forged import ForgedKubelet
 from harness.kube import Kube
-from harness.kubelet import Kubelet
 from harness.sim import ModelServerSim, SimConfig, SimThread
 from harness.sim._engine import Counters
 
@@ -79,7 +80,7 @@ class BenchPool:
                 kube.models.create(ns, model.criticality(criticality).target(served).build())
         self.sims = [ModelServerSim(self._addresses.acquire(), SIM_PORT, spec.sim) for _ in range(spec.pods)]
         self._thread = SimThread(*self.sims).start()
-        kubelet = Kubelet(self._api)
+        kubelet = ForgedKubelet(self._api)
         for i, sim in enumerate(self.sims):
             pod = PodBuilder(f"{spec.pool_name}-{i}").namespace(ns).labels({"app": spec.pool_name}).build()
             kubelet.start(ns, pod, sim.host)

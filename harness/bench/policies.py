@@ -19,10 +19,7 @@ servers see the same requests whichever policy routes them.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,8 +32,8 @@ from harness.envoy import DESTINATION_HEADER as DESTINATION
 from harness.envoy import Envoy, LbPolicy, LoadBalancerEnvoy
 from harness.epp_process import EppProcess
 from harness.eventually import eventually
-from harness.ports import LOOPBACK, PortReservation, reserve_port
-from harness.process import ManagedProcess
+from harness.ports import LOOPBACK
+from harness.process import ChildProcesses, ManagedProcess
 from harness.sim import ModelServerSim
 
 COMPLETIONS = "/v1/completions"
@@ -81,12 +78,6 @@ class Policy(Protocol):
     async def route(self, request: TraceRequest) -> Target:
         """Runs on the simulators' event loop, right before the request is sent."""
         ...
-
-
-def _signal_group(pid: int | None, sig: signal.Signals) -> None:
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, sig)
 
 
 def bin_path(name: str) -> Path | None:
@@ -171,7 +162,7 @@ class EppPolicy:
 
     def stop(self) -> None:
         if self._paused and self._epp is not None:
-            _signal_group(self._epp.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            self._epp.resume()  # (stop() would resume it too: a stopped process cannot act on SIGTERM)
             self._paused = False
         try:
             if self._envoy is not None:
@@ -191,7 +182,7 @@ class EppPolicy:
         epp = self._epp
         if epp is None or not self._paused:
             return
-        _signal_group(epp.pid, signal.SIGCONT)
+        epp.resume()
         self._paused = False
 
         def fresh() -> None:
@@ -207,7 +198,7 @@ class EppPolicy:
         through every other policy's runs, taking CPU from them."""
         epp = self._epp
         if epp is not None and not self._paused:
-            _signal_group(epp.pid, signal.SIGSTOP)
+            epp.pause()
             self._paused = True
 
     async def route(self, request: TraceRequest) -> Target:
@@ -224,8 +215,7 @@ class PeerRouterPolicy:
     name: str
     router: str  # "vllm-router" or "sglang-router"
     policy: str
-    _process: ManagedProcess | None = field(default=None, init=False)
-    _ports: list[PortReservation] = field(default_factory=list, init=False)
+    _children: ChildProcesses = field(default_factory=ChildProcesses, init=False)
     _url: str = field(default="", init=False)
 
     @staticmethod
@@ -233,8 +223,8 @@ class PeerRouterPolicy:
         return bin_path("vllm-router" if router == "vllm-router" else "smg") is not None
 
     def start(self, pool: PoolView) -> None:
-        self._ports = [reserve_port(), reserve_port()]
-        port, prometheus = (p.port for p in self._ports)
+        self._children = ChildProcesses()
+        port, prometheus = self._children.reserve_port(), self._children.reserve_port()
         workers = [sim.base_url for sim in pool.sims]
         common = ["--host", LOOPBACK, "--port", str(port), "--prometheus-host", LOOPBACK]
         common += ["--prometheus-port", str(prometheus), "--policy", self.policy]
@@ -247,7 +237,7 @@ class PeerRouterPolicy:
             args += ["--worker-urls", *workers]
         if binary is None:
             raise RuntimeError(f"{self.router} is not installed (pip install 'inference-epp[peers]')")
-        self._process = ManagedProcess(
+        process = ManagedProcess(
             self.router,
             binary,
             args,
@@ -256,21 +246,14 @@ class PeerRouterPolicy:
             stop_timeout=5.0,
         )
         try:
-            self._process.start()
+            self._children.start(process)
         except BaseException:
             self.stop()
             raise
         self._url = f"http://{LOOPBACK}:{port}{COMPLETIONS}"
 
     def stop(self) -> None:
-        try:
-            if self._process is not None:
-                self._process.stop()
-                self._process = None
-        finally:
-            for reservation in self._ports:
-                reservation.release()
-            self._ports.clear()
+        self._children.close()
 
     def begin_run(self) -> None:
         pass

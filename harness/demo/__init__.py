@@ -135,13 +135,20 @@ def drive(env: DemoEnvironment, total: int, concurrency: int, rng: random.Random
     return results
 
 
+def split_pool(text: str) -> tuple[str, str]:
+    """``[NAMESPACE/]NAME`` -> (namespace, name); the namespace defaults to ``default``."""
+    namespace, _, name = text.rpartition("/")
+    return namespace or "default", name
+
+
 def up_with_epp(args: argparse.Namespace) -> int:
     """``harness up --with-epp``: the demo's environment, kept running until Ctrl-C or SIGTERM."""
     if getattr(args, "no_crds", False):
         print("error: --with-epp needs the CRDs; drop --no-crds", file=sys.stderr)
         return 2
     stop_requested = False
-    env = DemoEnvironment()
+    pool = getattr(args, "pool", None)
+    env = DemoEnvironment(pool=split_pool(pool) if pool else None)
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stop_requested

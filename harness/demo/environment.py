@@ -34,22 +34,37 @@ METRICS_SETTLE_TIMEOUT_S: Final = 30.0
 
 
 class DemoEnvironment:
-    """Control plane + ``Stack`` in the ``demo`` namespace; ``stop()`` is idempotent."""
+    """Control plane + ``Stack`` in the ``demo`` namespace; ``stop()`` is idempotent.
 
-    def __init__(self, pods: int = 4, models: Sequence[ModelSpec] = MODELS) -> None:
-        self.pods = pods
-        self.models = tuple(models)
+    ``pool`` (namespace, name): instead of the demo's pool, models and pods, only the EPP and Envoy
+    for that pool, which the user then applies with kubectl (``harness up --with-epp --pool``).
+    """
+
+    def __init__(
+        self, pods: int = 4, models: Sequence[ModelSpec] = MODELS, pool: tuple[str, str] | None = None
+    ) -> None:
+        self.pods = 0 if pool else pods
+        self.models = () if pool else tuple(models)
+        self.pool = pool
         self.plane: ControlPlane | None = None
         self.stack: Stack | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.pool[0] if self.pool else NAMESPACE
 
     def start(self) -> None:
         self.plane = start_control_plane()
         began = time.monotonic()
-        say(f"starting {self.pods} simulated vLLM pods, the pool and models, the EPP and Envoy ...")
-        self.stack = Stack(
-            self.plane.access,
-            StackOptions(namespace=NAMESPACE, pods=self.pods, models=self.models, sim_config=SIM_CONFIG),
-        )
+        if self.pool is None:
+            say(f"starting {self.pods} simulated vLLM pods, the pool and models, the EPP and Envoy ...")
+            options = StackOptions(
+                namespace=NAMESPACE, pods=self.pods, models=self.models, sim_config=SIM_CONFIG
+            )
+        else:
+            say(f"starting the EPP and Envoy for pool {self.pool[1]} in namespace {self.pool[0]} ...")
+            options = StackOptions(namespace=self.pool[0], pool_name=self.pool[1], apply_pool=False)
+        self.stack = Stack(self.plane.access, options)
         try:
             self.stack.start()
         except Exception as exc:
@@ -77,23 +92,17 @@ class DemoEnvironment:
     def dead_processes(self) -> list[str]:
         dead: list[str] = []
         if self.plane is not None:
-            dead += [p.name for p in self.plane.processes if not p.running]
-        if self.stack is not None and self.stack.envoy is not None and not self.stack.envoy.running:
-            dead.append("envoy")
-        if self.stack is not None and self.stack.epp is not None and not self.stack.epp.running:
-            dead.append("epp")
+            dead += self.plane.dead_processes()
+        if self.stack is not None:
+            dead += self.stack.dead_processes()
         return dead
 
     def log_tails(self) -> str:
         parts = []
         if self.plane is not None:
-            for process in self.plane.processes:
-                parts.append(f"--- {process.name} log ---\n{process.log_tail()}")
+            parts.append(self.plane.log_tails(40))
         if self.stack is not None:
-            if self.stack.epp is not None:
-                parts.append(f"--- epp log ---\n{self.stack.epp.log_tail()}")
-            if self.stack.envoy is not None:
-                parts.append(f"--- envoy log ---\n{self.stack.envoy.log_tail()}")
+            parts.append(self.stack.log_tails())
         return "\n".join(parts)
 
     def wait_epp_sees(self, condition: Callable[[dict[str, Any]], bool], what: str) -> list[dict[str, Any]]:
@@ -119,20 +128,30 @@ def print_access(env: DemoEnvironment, copy_to: Path | None) -> None:
         shutil.copyfile(kubeconfig, copy_to)
         copy_to.chmod(0o600)
         kubeconfig = copy_to.resolve()
-    kubectl = (
-        f"{shlex.quote(str(kubectl_path()))} --kubeconfig {shlex.quote(str(kubeconfig))} "
-        f"-n {NAMESPACE} get inferencepools,inferencemodels,pods -o wide"
+    base = (
+        f"{shlex.quote(str(kubectl_path()))} --kubeconfig {shlex.quote(str(kubeconfig))} -n {env.namespace}"
     )
+    kubectl = f"{base} get inferencepools,inferencemodels,pods -o wide"
     body = '{"model": "food-review", "prompt": "Review: great tacos. Sentiment?", "max_tokens": 16}'
     curl = f"curl -s {stack.base_url}/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
-    print(f"environment is up: control plane, EPP, Envoy and {env.pods} simulated vLLM pods", flush=True)
+    if env.pool is None:
+        print(f"environment is up: control plane, EPP, Envoy and {env.pods} simulated vLLM pods", flush=True)
+    else:
+        print(
+            f"environment is up: control plane, node agent, EPP and Envoy for pool {env.pool[1]}", flush=True
+        )
     print(f"kubeconfig: {kubeconfig}")
     print(f"kubectl:    {kubectl}")
+    if env.pool is not None:
+        print(f"apply:      {base} apply -f examples/cluster/vllm-sim.yaml")
     print(f"export OPENAI_BASE_URL={stack.base_url}")
     print("export OPENAI_API_KEY=unused")
     print(f"curl:       {curl}")
     print(f"EPP:        {stack.epp.metrics_url}/metrics  {stack.epp.debug_url}/debug/datastore")
-    print("models:")
+    if plane.access.node_agent_url:
+        print(f"pods:       {plane.access.node_agent_url}/debug/pods (the node agent's view)")
+    if env.models:
+        print("models:")
     for model in env.models:
         print(f"  {model.model_name:<34} {model.criticality or 'Standard':<10} {_targets_text(model)}")
     print("Press Ctrl-C to stop.", flush=True)

@@ -211,13 +211,13 @@ def saturation_text(seen: Sequence[dict[str, Any]]) -> str:
 
 def collect(env: DemoEnvironment, results: PhaseResults, background_model: str) -> Report:
     stack = env.running_stack
-    bed, epp, envoy = stack.bed, stack.epp, stack.envoy
-    assert bed is not None
+    cluster, epp, envoy = stack.cluster, stack.epp, stack.envoy
+    assert cluster is not None
     assert epp is not None
     assert envoy is not None
-    pods = [(name, f"{pod.ip}:{SIM_PORT}") for name, pod in sorted(bed.pods.items())]
+    pods = [(name, f"{pod.ip}:{SIM_PORT}") for name, pod in sorted(cluster.pods.items())]
     by_address = {address: name for name, address in pods}
-    served = {name: bed.pods[name].sim(SIM_PORT).requests_by_model for name, _ in pods}
+    served = {name: cluster.pods[name].sim(SIM_PORT).requests_by_model() for name, _ in pods}
     reached = sum(sum(per_pod.values()) for per_pod in served.values())
 
     def flushed() -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""``ModelServerSim``: the aiohttp server in front of the simulated engine."""
+"""``ModelServerSim``: the aiohttp server in front of the simulated engine (and its admin listener)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,20 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from harness.sim import _openai as oai
+from harness.sim._admin import admin_app
 from harness.sim._config import DEFAULT_PORT, SimConfig
 from harness.sim._engine import Engine, EngineState, Run
 from harness.sim._kv import text_block_hashes
 from harness.sim._metrics import GaugeOverrides, SimMetrics
 from harness.sim._received import ReceivedLog, ReceivedRequest
-
-if TYPE_CHECKING:
-    from harness.sim._thread import SimThread
 
 SERVED_BY_HEADER = "x-served-by"
 # Large enough for multi-MiB prompts (aiohttp's default is 1 MiB).
@@ -38,18 +36,36 @@ T = TypeVar("T")
 class ModelServerSim:
     """An OpenAI-compatible vLLM stand-in on its own loopback address.
 
-    Use ``async with ModelServerSim(...)`` on a running loop, or ``sim.start_in_thread()`` from sync
-    code (returns a ``SimThread``; call ``.stop()``). ``set_gauges``/``clear_overrides``,
-    ``requests_by_model`` and ``state()`` are safe to call from any thread.
+    Use ``async with ModelServerSim(...)`` on a running loop, or ``SimThread(sim)`` from sync code.
+    ``set_gauges``/``clear_overrides``, ``requests_by_model`` and ``state()`` are safe to call from
+    any thread.
+
+    ``admin_port``: also serve the test controls (``harness.sim._admin``) on that port of the same
+    address, apart from the serving port, so nothing sent through a gateway to the serving port can
+    reach them. ``healthy=False`` starts with ``/health`` answering 503 (a pod that never gets Ready
+    until told otherwise).
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, config: SimConfig | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        config: SimConfig | None = None,
+        *,
+        admin_port: int | None = None,
+        healthy: bool = True,
     ) -> None:
         self.config = config or SimConfig()
         self.host = host
         self._requested_port = port
         self._port: int | None = None
+        self._requested_admin_port = admin_port
+        self._admin_port: int | None = None
+        # Swapped whole (any thread may set them; the loop only reads them).
+        self.healthy = healthy
+        self._blackholed: frozenset[str] = frozenset()
+        # Set (and replaced) on the loop whenever black holes are lifted: the held requests re-check.
+        self._released = asyncio.Event()
         self.engine = Engine(self.config)
         self.metrics = SimMetrics(self.config, self.engine)
         # Registered adapter names; replaced as a whole so other threads can swap it.
@@ -58,6 +74,7 @@ class ModelServerSim:
         self._counts: collections.Counter[str] = collections.Counter()
         self._received = ReceivedLog()
         self._runner: web.AppRunner | None = None
+        self._admin_runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._created = int(time.time())
 
@@ -75,11 +92,16 @@ class ModelServerSim:
     def base_url(self) -> str:
         return f"http://{self.address}"
 
+    @property
+    def admin_port(self) -> int | None:
+        """The bound admin port (None when there is no admin listener)."""
+        return self._admin_port if self._admin_port is not None else self._requested_admin_port
+
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         if self._runner is not None:
             raise RuntimeError(f"simulator {self.address} already started")
-        app = web.Application(client_max_size=_CLIENT_MAX_SIZE)
+        app = web.Application(client_max_size=_CLIENT_MAX_SIZE, middlewares=[self._black_hole])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
@@ -105,11 +127,22 @@ class ModelServerSim:
         self._loop = asyncio.get_running_loop()
         sockname = runner.addresses[0]
         self._port = int(sockname[1])
+        if self._requested_admin_port is not None:
+            try:
+                self._admin_runner = await _serve(admin_app(self), self.host, self._requested_admin_port)
+            except BaseException:
+                await self.stop()
+                raise
+            self._admin_port = int(self._admin_runner.addresses[0][1])
 
     async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        """Stop listening, let requests in flight finish (up to a second), then cancel the rest."""
+        runners = (self._admin_runner, self._runner)
+        self._admin_runner = self._runner = None
+        self.black_hole(())  # held requests are answered before the server goes, not cancelled
+        for runner in runners:
+            if runner is not None:
+                await runner.cleanup()
         await self.engine.aclose()
         self._loop = None
 
@@ -121,12 +154,6 @@ class ModelServerSim:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
-
-    def start_in_thread(self) -> SimThread:
-        """Serve from a background thread with its own event loop; ``.stop()`` joins it."""
-        from harness.sim._thread import SimThread
-
-        return SimThread(self).start()
 
     # ---- test controls (any thread) -----------------------------------------------------------
     def set_gauges(
@@ -163,6 +190,28 @@ class ModelServerSim:
 
     def clear_overrides(self) -> None:
         self.metrics.clear()
+
+    def black_hole(self, paths: Sequence[str]) -> None:
+        """Requests to ``paths`` hang (no answer, connection kept) until the paths are lifted.
+
+        A model server whose engine is stuck while its ``/health`` still answers: scrapes and
+        generation time out, readiness stays. Any thread; ``()`` lifts it.
+        """
+        self._blackholed = frozenset(paths)
+        loop = self._loop
+        if loop is not None:
+            if _on_loop(loop):
+                self._release_held()
+            else:
+                loop.call_soon_threadsafe(self._release_held)
+
+    def _release_held(self) -> None:
+        released, self._released = self._released, asyncio.Event()
+        released.set()
+
+    @property
+    def black_holed(self) -> frozenset[str]:
+        return self._blackholed
 
     @property
     def requests_by_model(self) -> dict[str, int]:
@@ -226,7 +275,17 @@ class ModelServerSim:
     async def _add_served_by(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[SERVED_BY_HEADER] = self.address
 
+    @web.middleware
+    async def _black_hole(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        while request.path in self._blackholed:
+            await self._released.wait()
+        return await handler(request)
+
     async def _health(self, request: web.Request) -> web.Response:
+        if not self.healthy:
+            return web.Response(status=503, text="unhealthy (set through the admin port)")
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -381,6 +440,17 @@ class ModelServerSim:
         except ConnectionResetError:  # the client went away
             return response, False
         return response, True
+
+
+async def _serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

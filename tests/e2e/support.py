@@ -13,10 +13,10 @@ from typing import Any
 import httpx2
 import openai
 
+from harness.cluster import Cluster
 from harness.eventually import eventually
 from harness.sim import SERVED_BY_HEADER
 from harness.stack import Stack
-from harness.testbed import TestBed
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 POD_PORT = 8000
@@ -66,7 +66,7 @@ def _message_of(body: object) -> str:
 
 def endpoint(stack: Stack, pod: str) -> str:
     """``ip:port`` of a simulated pod, as Envoy's access log and the EPP's pick spell it."""
-    return f"{bed(stack).pods[pod].ip}:{POD_PORT}"
+    return f"{cluster_of(stack).pods[pod].ip}:{POD_PORT}"
 
 
 def served_by(headers: Any) -> str:
@@ -76,9 +76,9 @@ def served_by(headers: Any) -> str:
     return str(value)
 
 
-def bed(stack: Stack) -> TestBed:
-    assert stack.bed is not None, "the Stack is not started"
-    return stack.bed
+def cluster_of(stack: Stack) -> Cluster:
+    assert stack.cluster is not None, "the Stack is not started"
+    return stack.cluster
 
 
 def wait_routable(stack: Stack, pods: Sequence[str], timeout: float = 15.0) -> None:
@@ -128,7 +128,7 @@ def envoy_counter(stack: Stack, name: str) -> int:
 
 def requests_by_model(stack: Stack) -> dict[str, dict[str, int]]:
     """Per pod name: what its simulator accepted, by requested model name (base or adapter)."""
-    return {name: dict(pod.sim(POD_PORT).requests_by_model) for name, pod in bed(stack).pods.items()}
+    return {name: dict(pod.sim(POD_PORT).requests_by_model()) for name, pod in cluster_of(stack).pods.items()}
 
 
 def total_requests(stack: Stack) -> int:

@@ -18,7 +18,7 @@ from harness.stack import Stack, StackOptions
 from .support import (
     DESTINATION_HEADER,
     access_log_since,
-    bed,
+    cluster_of,
     endpoint,
     openai_client,
     requests_by_model,
@@ -46,12 +46,12 @@ def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
 
 @pytest.fixture(scope="module")
 def layout(shared_stack: Stack) -> Stack:
-    testbed = bed(shared_stack)
-    testbed.add_pod(ROUTABLE)
-    testbed.add_pod(BUSY)
-    testbed.add_pod(NOT_READY, ready=False)
-    testbed.add_pod(OUTSIDE, labels={"app": "not-the-pool"})
-    testbed.set_gauges(BUSY, waiting=BUSY_QUEUE)
+    cluster = cluster_of(shared_stack)
+    cluster.add_pod(ROUTABLE)
+    cluster.add_pod(BUSY)
+    cluster.add_pod(NOT_READY, ready=False)
+    cluster.add_pod(OUTSIDE, labels={"app": "not-the-pool"})
+    cluster.set_gauges(BUSY, waiting=BUSY_QUEUE)
     wait_routable(shared_stack, [BUSY, ROUTABLE])
 
     def busy_reported() -> None:

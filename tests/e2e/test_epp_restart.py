@@ -11,7 +11,7 @@ from harness.stack_fixtures import StackFactory
 from .support import (
     DESTINATION_HEADER,
     access_log_since,
-    bed,
+    cluster_of,
     endpoint,
     error_text,
     openai_client,
@@ -29,7 +29,7 @@ REQUESTS_WHILE_DOWN = 5
 def test_epp_killed_fails_closed_and_restarted_routes_again(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=2)
     assert stack.epp is not None
-    pods = {endpoint(stack, name) for name in bed(stack).pods}
+    pods = {endpoint(stack, name) for name in cluster_of(stack).pods}
     served_before = total_requests(stack)
     log_start = len(settled_access_log(stack))
 

@@ -21,7 +21,7 @@ from harness.kubectl import kubectl as run_kubectl
 from harness.stack import Stack
 from harness.stack_fixtures import StackFactory
 
-from .support import bed, endpoint, error_text, openai_client, served_by
+from .support import cluster_of, endpoint, error_text, openai_client, served_by
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +84,7 @@ def test_model_applied_with_kubectl_is_served_and_deleting_it_gives_404(stack_fa
 
 def test_pod_labelled_out_of_the_pool_with_kubectl_stops_getting_traffic(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=2)
-    leaving, staying = sorted(bed(stack).pods)
+    leaving, staying = sorted(cluster_of(stack).pods)
     address_to_pod = {endpoint(stack, name): name for name in (leaving, staying)}
 
     written = kubectl(stack, "label", "pod", leaving, "app-", "-o", "jsonpath={.metadata.resourceVersion}")

@@ -17,7 +17,7 @@ from harness.stack import BASE_MODEL, Stack
 from .support import (
     access_log_since,
     assert_readable_error,
-    bed,
+    cluster_of,
     endpoint,
     openai_client,
     served_by,
@@ -33,13 +33,13 @@ REQUESTS_PER_CASE = 5
 
 @pytest.fixture(scope="module")
 def saturated(shared_stack: Stack) -> Stack:
-    testbed = bed(shared_stack)
-    for name in testbed.pods:
-        testbed.set_gauges(name, waiting=SATURATED_QUEUE, kv_cache=SATURATED_KV)
+    cluster = cluster_of(shared_stack)
+    for name in cluster.pods:
+        cluster.set_gauges(name, waiting=SATURATED_QUEUE, kv_cache=SATURATED_KV)
 
     def every_pod_reports_saturation() -> None:
         pods = shared_stack.datastore_view().get("pods") or []
-        assert len(pods) == len(testbed.pods)
+        assert len(pods) == len(cluster.pods)
         for pod in pods:
             metrics = pod["metrics"]
             assert metrics["waitingQueueSize"] == SATURATED_QUEUE, pod
@@ -57,7 +57,7 @@ def saturated(shared_stack: Stack) -> Stack:
     ],
 )
 def test_critical_request_is_served(saturated: Stack, model: str, target: set[str]) -> None:
-    pods = {endpoint(saturated, name) for name in bed(saturated).pods}
+    pods = {endpoint(saturated, name) for name in cluster_of(saturated).pods}
     with openai_client(saturated) as client:
         for _ in range(REQUESTS_PER_CASE):
             raw = client.completions.with_raw_response.create(model=model, prompt="urgent", max_tokens=1)

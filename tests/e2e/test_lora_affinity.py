@@ -22,7 +22,7 @@ from harness.sim import SimConfig
 from harness.stack import BASE_MODEL, DEMO_ADAPTERS
 from harness.stack_fixtures import StackFactory
 
-from .support import POD_PORT, bed, endpoint, openai_client, requests_by_model, served_by
+from .support import POD_PORT, cluster_of, endpoint, openai_client, requests_by_model, served_by
 
 pytestmark = pytest.mark.e2e
 
@@ -52,8 +52,8 @@ def test_adapter_requests_concentrate_on_the_pod_running_it(stack_factory: Stack
     stack = stack_factory(
         pods=4, sim_config=SIM, epp_env={"LORA_AFFINITY_THRESHOLD": "1"}, epp_args=["--scheduler=filter-tree"]
     )
-    testbed = bed(stack)
-    address_to_pod = {endpoint(stack, name): name for name in testbed.pods}
+    cluster = cluster_of(stack)
+    address_to_pod = {endpoint(stack, name): name for name in cluster.pods}
 
     with openai_client(stack) as client:
         held = client.completions.create(
@@ -72,7 +72,7 @@ def test_adapter_requests_concentrate_on_the_pod_running_it(stack_factory: Stack
             before = requests_by_model(stack)
             landed = Counter(address_to_pod[send(client)] for _ in range(REQUESTS))
             after = requests_by_model(stack)
-            runner_state = testbed.pods[runner].sim(POD_PORT).state()
+            runner_state = cluster.pods[runner].sim(POD_PORT).state()
 
     assert landed == {runner: REQUESTS}, f"requests per pod: {dict(landed)}"
     # The simulators agree: the runner got them, as the adapter, with the adapter loaded.

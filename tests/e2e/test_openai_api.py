@@ -23,7 +23,7 @@ from harness.stack import BASE_MODEL, DEMO_ADAPTERS, Stack, StackOptions
 from .support import (
     access_log_since,
     assert_readable_error,
-    bed,
+    cluster_of,
     endpoint,
     http_error_text,
     openai_client,
@@ -52,7 +52,7 @@ def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
 
 
 def pod_endpoints(stack: Stack) -> set[str]:
-    return {endpoint(stack, name) for name in bed(stack).pods}
+    return {endpoint(stack, name) for name in cluster_of(stack).pods}
 
 
 # ---------------------------------------------------------------------------------------- happy paths

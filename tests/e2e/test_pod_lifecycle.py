@@ -1,5 +1,6 @@
-"""Pods leave the pool the way they do in a cluster (the kubelet stand-in marks them NotReady, or they are
-deleted) and traffic follows. Each test has its own Stack: they change pods."""
+"""Pods leave the pool the way they do in a cluster (their health fails and the node agent's readiness
+probe marks them NotReady, or they are deleted gracefully) and traffic follows. Each test has its own
+Stack: they change pods."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from harness.stack_fixtures import StackFactory
 from .support import (
     access_log_since,
     assert_readable_error,
-    bed,
+    cluster_of,
     endpoint,
     openai_client,
     requests_by_model,
@@ -41,11 +42,11 @@ def send(client: openai.OpenAI) -> str:
 
 
 def not_ready(stack: Stack, pod: str) -> None:
-    bed(stack).pod_unready(pod)
+    cluster_of(stack).pod_unready(pod)
 
 
 def deleted(stack: Stack, pod: str) -> None:
-    bed(stack).delete_pod(pod)
+    cluster_of(stack).delete_pod(pod)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +57,7 @@ def test_removed_pod_stops_receiving_traffic(
     stack_factory: StackFactory, remove: Callable[[Stack, str], None]
 ) -> None:
     stack = stack_factory(pods=2, models=MODELS)
-    gone, kept = sorted(bed(stack).pods)
+    gone, kept = sorted(cluster_of(stack).pods)
     gone_at, kept_at = endpoint(stack, gone), endpoint(stack, kept)
     with openai_client(stack) as client:
         seen: set[str] = set()
@@ -82,9 +83,9 @@ def test_removed_pod_stops_receiving_traffic(
 
 def test_no_ready_pod_is_503_until_one_is_ready_again(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=2, models=MODELS)
-    pods = sorted(bed(stack).pods)
+    pods = sorted(cluster_of(stack).pods)
     for pod in pods:
-        bed(stack).pod_unready(pod)
+        cluster_of(stack).pod_unready(pod)
     wait_routable(stack, [])
     with openai_client(stack) as client:
         with pytest.raises(openai.InternalServerError) as caught:
@@ -92,6 +93,6 @@ def test_no_ready_pod_is_503_until_one_is_ready_again(stack_factory: StackFactor
         assert caught.value.status_code == 503
         assert_readable_error(caught.value, "no ready endpoints in InferencePool vllm-pool")
 
-        bed(stack).pod_ready(pods[0])
+        cluster_of(stack).pod_ready(pods[0])
         wait_routable(stack, pods[:1])
         assert send(client) == endpoint(stack, pods[0])

@@ -17,13 +17,13 @@ import pytest
 
 from harness.envoy import EnvoyOptions
 from harness.pytest_plugin import namespace_name
-from harness.sim import ModelServerSim, ReceivedRequest, SimConfig
+from harness.sim import ReceivedRequest, SimAdmin, SimConfig
 from harness.stack import BASE_MODEL, DEMO_ADAPTERS, Stack, StackOptions
 
 from .support import (
     DESTINATION_HEADER,
     POD_PORT,
-    bed,
+    cluster_of,
     endpoint,
     http_error_text,
     served_by,
@@ -61,16 +61,15 @@ def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
 
 @pytest.fixture(scope="module")
 def stack(shared_stack: Stack) -> Stack:
-    testbed = bed(shared_stack)
-    for pod in PODS:
-        testbed.add_pod(pod)
+    cluster = cluster_of(shared_stack)
+    cluster.add_pods([cluster.pod_body(pod) for pod in PODS])
     wait_routable(shared_stack, list(PODS))
     return shared_stack
 
 
-def sim_at(stack: Stack, address: str) -> ModelServerSim:
-    [pod] = [name for name in bed(stack).pods if endpoint(stack, name) == address]
-    return bed(stack).pods[pod].sim(POD_PORT)
+def sim_at(stack: Stack, address: str) -> SimAdmin:
+    [pod] = [name for name in cluster_of(stack).pods if endpoint(stack, name) == address]
+    return cluster_of(stack).pods[pod].sim(POD_PORT)
 
 
 def send(stack: Stack, path: str, body: bytes, headers: list[tuple[str, str]]) -> httpx2.Response:

@@ -79,6 +79,14 @@ def _assert_gone(pids: list[int]) -> None:
         assert state == "Z", f"process {pid} survived: {alive}"
 
 
+def _component(command: str) -> str:
+    """The binary's name, or the module a ``python -m`` runs."""
+    argv = command.split()
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1]
+    return Path(argv[0]).name
+
+
 def test_harness_up_prints_a_working_kubectl_line_and_stops_on_sigint() -> None:
     harness_cli = Path(sys.executable).parent / "harness"
     process = subprocess.Popen(
@@ -102,8 +110,16 @@ def test_harness_up_prints_a_working_kubectl_line_and_stops_on_sigint() -> None:
         assert json.loads(version.stdout)["serverVersion"]["gitVersion"] == f"v{KUBERNETES_VERSION}"
 
         children = guards.child_processes(process.pid)
-        names = sorted(Path(c.command.split()[0]).name for c in children)
-        assert names == ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+        names = sorted(_component(c.command) for c in children)
+        assert names == [
+            "etcd",
+            "harness.nodeagent",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ]
+        [agent] = [c for c in children if _component(c.command) == "harness.nodeagent"]
+        children += guards.child_processes(agent.pid)  # its container launcher: in the group, stopped too
 
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0, "\n".join(reader.seen)
@@ -177,8 +193,8 @@ def test_xdist_run_shares_one_control_plane_and_leaves_nothing(
     # "ResourceWarning: subprocess N is still running").
     (controller,) = {r["ppid"] for r in records}
     for record in records:
-        assert record["plane_parents"] == dict.fromkeys(
-            ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"], controller
+        assert record["plane_parents"] == dict.fromkeys(  # "python": python -m harness.nodeagent
+            ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "python"], controller
         )
 
     plane_dir = str(Path(records[0]["kubeconfig"]).parent)

@@ -35,12 +35,14 @@ def test_epp_restarted_mid_run_rebuilds_the_same_state(testbed: TestBed) -> None
     testbed.eventually_consistent()
     testbed.apply_model("elsewhere", pool="other-pool")
     testbed.eventually_consistent()
-    for name in ("p1", "p2", "p3"):
+    for name in ("p1", "p2"):
         testbed.add_pod(name)
         testbed.eventually_consistent()
+    testbed.add_pod("p3", pre_stop=120)  # its deletion stays open while its preStop hook runs
+    testbed.eventually_consistent()
     testbed.pod_unready("p2")
     testbed.eventually_consistent()
-    testbed.pod_hold_and_delete("p3")
+    testbed.terminate_pod("p3")
     testbed.eventually_consistent()
     testbed.add_pod("stranger", labels={"app": "elsewhere"})
     testbed.eventually_consistent()
@@ -57,7 +59,7 @@ def test_epp_restarted_mid_run_rebuilds_the_same_state(testbed: TestBed) -> None
     # And it keeps following the API after the restart.
     testbed.pod_ready("p2")
     testbed.eventually_consistent()
-    testbed.pod_release("p3")
+    testbed.force_delete_pod("p3")
     testbed.eventually_consistent()
     assert set(testbed.datastore_pods()) == {"p1", "p2"}
 
@@ -67,7 +69,7 @@ def test_changes_made_while_the_epp_is_down_are_seen_at_start(testbed: TestBed) 
 
     testbed.stop_epp()  # no oracle while it is down: there is no view to compare
     testbed.delete_pod("p1")
-    testbed.pod_move("p2")
+    testbed.pod_recreate("p2")  # same name, new address
     testbed.add_pod("p3")
     testbed.delete_model(MODEL)
     testbed.apply_model("summarise", criticality="Critical")

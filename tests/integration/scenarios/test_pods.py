@@ -1,17 +1,25 @@
-"""Pod lifecycle scenarios (epp-behaviour.md §3.2, §3.4, §9.1/§9.18): every change goes through the API.
+"""Pod lifecycle scenarios (epp-behaviour.md §3.2, §3.4, §9.1/§9.18): every change goes through the API,
+and the pods are run by the node agent as a kubelet runs them.
 
 Each step is followed by `eventually_consistent()`: the oracle, computed from the API server alone,
 must match the EPP's /debug/datastore view. Assertions after it pin down what the step was about.
 It settles first (`TestBed.settled()`: the EPP has applied the step's write and is idle), so the
 negative ones — "p1 must not come back", "another pod's event changes nothing" — cannot pass just
-because the EPP has not looked yet.
+because the EPP has not looked yet. Readiness changes are real: the simulator's health endpoint is
+told to fail, its readiness probe fails, and the agent writes Ready=False.
 """
 
 from __future__ import annotations
 
+from harness.cluster import container_statuses, is_ready
+from harness.eventually import eventually
 from harness.testbed import TestBed
 
 from .support import MODEL, serving
+
+# Long enough that the pod is still terminating (and Ready) through every check below; the test ends
+# it with a force delete.
+PRE_STOP_S = 120
 
 
 def test_pool_created_after_its_pods_picks_up_the_ready_matching_ones(testbed: TestBed) -> None:
@@ -53,10 +61,13 @@ def test_pod_recreated_with_the_same_name_and_a_new_ip_leaves_one_entry(testbed:
 
 
 def test_pod_ip_changed_in_place_updates_the_address(testbed: TestBed) -> None:
-    serving(testbed, "p1")
+    """No kubelet changes a running pod's IP; a forged pod does, for the reconciler's update path."""
+    serving(testbed)
+    testbed.add_forged_pod("p1")
+    testbed.eventually_consistent()
     old_ip = testbed.pods["p1"].ip
 
-    new_ip = testbed.pod_move("p1")
+    new_ip = testbed.forged_move("p1")
     testbed.eventually_consistent()
     assert new_ip != old_ip
     assert testbed.datastore_pods() == {"p1": new_ip}
@@ -66,7 +77,7 @@ def test_pod_ip_changed_in_place_updates_the_address(testbed: TestBed) -> None:
 def test_ready_notready_ready_removes_and_restores_the_pod(testbed: TestBed) -> None:
     serving(testbed, "p1", "p2")
 
-    testbed.pod_unready("p1")
+    testbed.pod_unready("p1")  # its health fails; the readiness probe takes it out of Ready
     testbed.eventually_consistent()
     assert set(testbed.datastore_pods()) == {"p2"}
     assert {testbed.routed_pod(MODEL) for _ in range(5)} == {"p2"}
@@ -102,13 +113,18 @@ def test_label_removed_then_added_back(testbed: TestBed) -> None:
     assert set(testbed.datastore_pods()) == {"p1", "p2"}
 
 
-def test_pod_held_by_a_finalizer_leaves_at_deletion_timestamp(testbed: TestBed) -> None:
-    serving(testbed, "p1", "p2")
-
-    testbed.pod_hold_and_delete("p1")
+def test_terminating_pod_is_not_routed_while_it_is_still_ready(testbed: TestBed) -> None:
+    """Upstream's "terminating pod still routed" window: deleted, draining in its preStop hook, Ready."""
+    serving(testbed, "p2")
+    testbed.add_pod("p1", pre_stop=PRE_STOP_S)
     testbed.eventually_consistent()
-    held = testbed.kube.pods.get(testbed.namespace, "p1")
-    assert held["metadata"].get("deletionTimestamp"), "the pod must still exist, terminating"
+    assert set(testbed.datastore_pods()) == {"p1", "p2"}
+
+    testbed.terminate_pod("p1")  # graceful delete: the agent keeps it as it is while preStop runs
+    testbed.eventually_consistent()
+    terminating = testbed.kube.pods.get(testbed.namespace, "p1")
+    assert terminating["metadata"].get("deletionTimestamp"), "the pod must still exist, terminating"
+    assert is_ready(terminating), "still Ready: only the deletionTimestamp says it is going"
     assert set(testbed.datastore_pods()) == {"p2"}
     assert {testbed.routed_pod(MODEL) for _ in range(5)} == {"p2"}
 
@@ -119,8 +135,26 @@ def test_pod_held_by_a_finalizer_leaves_at_deletion_timestamp(testbed: TestBed) 
     testbed.restart_epp()  # the initial list (a full resync) must skip a terminating pod (#713)
     testbed.eventually_consistent()
     assert set(testbed.datastore_pods()) == {"p2"}
+    assert is_ready(testbed.kube.pods.get(testbed.namespace, "p1")), "the window was still open"
 
-    testbed.pod_release("p1")
+    testbed.force_delete_pod("p1")
+    testbed.eventually_consistent()
+    assert "p1" not in {p["metadata"]["name"] for p in testbed.kube.pods.list(testbed.namespace)}
+    assert set(testbed.datastore_pods()) == {"p2"}
+
+
+def test_pod_held_by_a_finalizer_leaves_at_deletion_timestamp(testbed: TestBed) -> None:
+    """A finalizer holding a deleted pod at an exact moment: forged, the agent never runs this pod."""
+    serving(testbed, "p2")
+    testbed.add_forged_pod("p1")
+    testbed.eventually_consistent()
+
+    testbed.forged_hold_and_delete("p1")
+    testbed.eventually_consistent()
+    assert testbed.kube.pods.get(testbed.namespace, "p1")["metadata"].get("deletionTimestamp")
+    assert set(testbed.datastore_pods()) == {"p2"}
+
+    testbed.forged_release("p1")
     testbed.eventually_consistent()
     assert "p1" not in {p["metadata"]["name"] for p in testbed.kube.pods.list(testbed.namespace)}
     assert set(testbed.datastore_pods()) == {"p2"}
@@ -129,7 +163,7 @@ def test_pod_held_by_a_finalizer_leaves_at_deletion_timestamp(testbed: TestBed) 
 def test_pod_deleted_is_removed(testbed: TestBed) -> None:
     serving(testbed, "p1", "p2")
 
-    testbed.delete_pod("p1")
+    testbed.delete_pod("p1")  # graceful: SIGTERM, Ready=False, the agent's final delete
     testbed.eventually_consistent()
     assert set(testbed.datastore_pods()) == {"p2"}
 
@@ -138,3 +172,26 @@ def test_pod_deleted_is_removed(testbed: TestBed) -> None:
     assert testbed.datastore_pods() == {}
     result = testbed.route(MODEL)
     assert result.status == 503, result
+
+
+def test_killed_simulator_is_restarted_and_routed_to_again(testbed: TestBed) -> None:
+    serving(testbed, "p1")
+    ip = testbed.pods["p1"].ip
+    before = testbed.sim("p1").pid
+
+    testbed.kill_container("p1")  # SIGKILL, as a crash: the agent restarts it (restartPolicy Always)
+
+    def restarted() -> dict[str, object]:
+        pod = testbed.kube.pods.get(testbed.namespace, "p1")
+        [status] = container_statuses(pod)
+        assert status["restartCount"] == 1, status
+        assert is_ready(pod), "not Ready again yet"
+        return status
+
+    status = eventually(restarted, timeout=60, message="p1 restarted and Ready")
+    assert status["lastState"]["terminated"]["exitCode"] == 137, status  # 128 + SIGKILL
+    assert testbed.sim("p1").pid != before, "a new process"
+    assert testbed.pods["p1"].ip == ip
+    testbed.eventually_consistent()
+    assert testbed.routed_pod(MODEL) == "p1"
+    assert testbed.sim("p1").requests_by_model() == {}, "routing is not serving: nothing was sent yet"

@@ -51,7 +51,7 @@ def test_pool_selector_changed_moves_pods_in_and_out(testbed: TestBed) -> None:
 
 
 def test_pool_port_changed_routes_and_scrapes_the_new_port_without_a_pod_event(testbed: TestBed) -> None:
-    """Each pod serves on both ports with opposite load, so both routing and scraping show the port."""
+    """Each pod has a container on each port with opposite load, so routing and scraping show the port."""
     testbed.start_epp()
     testbed.eventually_consistent()
     testbed.apply_pool(port=OLD_PORT)
@@ -59,8 +59,7 @@ def test_pool_port_changed_routes_and_scrapes_the_new_port_without_a_pod_event(t
     testbed.apply_model(MODEL, criticality="Critical")
     testbed.eventually_consistent()
     for name in ("p1", "p2"):
-        testbed.add_pod(name)
-        testbed.serve_port(name, NEW_PORT)
+        testbed.add_pod(name, ports=(OLD_PORT, NEW_PORT))  # a simulator container on each port
         testbed.eventually_consistent()
     testbed.set_gauges("p1", port=OLD_PORT, **IDLE)
     testbed.set_gauges("p2", port=OLD_PORT, **BUSY)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness import guards
 from harness.eventually import eventually
-from harness.process import ManagedProcess, ProcessStartError, sweep_orphans
+from harness.process import ChildProcesses, ManagedProcess, ProcessStartError, sweep_orphans
 
 IGNORE_SIGTERM = """
 import signal, time
@@ -157,3 +160,69 @@ def _exited_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+def test_child_processes_undo_in_reverse_order_even_when_one_step_fails() -> None:
+    order: list[str] = []
+    children = ChildProcesses()
+    directory = children.temp_dir("test")
+    port = children.reserve_port()
+    children.defer(lambda: order.append("first taken"))
+    children.defer(lambda: (_ for _ in ()).throw(RuntimeError("cleanup failed")))
+    sleeper = children.start(ManagedProcess("sleeper", "/bin/sleep", ["300"]))
+    children.defer(lambda: order.append(f"last taken, sleeper running={sleeper.running}"))
+    pid = sleeper.pid
+    assert pid is not None
+    assert children.dead() == []
+
+    with pytest.raises(RuntimeError, match="cleanup failed"):
+        children.close()  # the failure is raised only after everything else was undone
+
+    assert order == ["last taken, sleeper running=True", "first taken"]
+    _gone(pid)
+    assert not directory.exists()
+    with reserve_port_again(port):
+        pass
+    assert [p.name for p in children.processes] == ["sleeper"], "still listed after close, stopped"
+    assert children.dead() == [], "a process stopped on purpose is not dead"
+
+
+def test_a_process_that_exits_on_its_own_is_reported_dead() -> None:
+    with ChildProcesses() as children:
+        children.start(ManagedProcess("short", "/bin/sh", ["-c", "sleep 0.3; exit 3"]))  # alive at start
+        eventually(lambda: _assert_equal(children.dead(), ["short"]))
+
+
+def test_a_paused_group_is_resumed_before_it_is_stopped() -> None:
+    process = ManagedProcess("sleeper", "/bin/sleep", ["300"], stop_timeout=60)
+    process.start()
+    try:
+        pid = process.pid
+        assert pid is not None
+        process.pause()
+        eventually(lambda: _assert_equal(_state(pid), "T"))
+    finally:
+        began = time.monotonic()
+        process.stop()  # resumed first: SIGTERM ends it at once, not the SIGKILL after 60 s
+    assert time.monotonic() - began < 30
+    _gone(pid)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _assert_equal(got: object, want: object) -> None:
+    assert got == want, got
+
+
+@contextlib.contextmanager
+def reserve_port_again(port: int) -> Iterator[None]:
+    """Released: the same port's lock can be taken again."""
+    import fcntl
+
+    from harness.ports import default_lock_dir
+
+    with open(default_lock_dir() / f"port-{port}.lock", "wb") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield

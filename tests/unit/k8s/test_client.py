@@ -26,6 +26,7 @@ async def drain(stream: AsyncGenerator[WatchEvent, None], into: list[WatchEvent]
 def test_resource_paths() -> None:
     assert PODS.path("ns1") == POD_PATH
     assert INFERENCE_POOLS.path("ns1") == POOL_PATH
+    assert PODS.path("") == "/api/v1/pods", "no namespace: every namespace (the node agent's watch)"
 
 
 def test_list_follows_pages_and_passes_selectors() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from harness.sim import ModelServerSim, SimConfig
+from harness.sim import ModelServerSim, SimConfig, SimThread
 
 CONFIG = SimConfig(model="base", lora_adapters=("a",), time_scale=0.001)
 
@@ -15,7 +15,7 @@ CONFIG = SimConfig(model="base", lora_adapters=("a",), time_scale=0.001)
 @pytest.fixture
 def client(address: str) -> Iterator[openai.OpenAI]:
     with (
-        ModelServerSim(address, config=CONFIG).start_in_thread() as handle,
+        SimThread(ModelServerSim(address, config=CONFIG)) as handle,
         openai.OpenAI(base_url=f"{handle.sim.base_url}/v1", api_key="unused", max_retries=0) as sdk,
     ):
         yield sdk

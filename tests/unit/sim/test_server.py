@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from harness.eventually import eventually_async
-from harness.sim import SERVED_BY_HEADER, ModelServerSim, SimConfig
+from harness.sim import SERVED_BY_HEADER, ModelServerSim, SimConfig, SimThread
 
 from .scrape import families, gauges, scrape
 
@@ -85,7 +85,7 @@ async def test_metrics_page_has_the_vllm_families_and_parses(address: str) -> No
 
 def test_metrics_page_is_as_large_as_a_real_vllm_page(address: str) -> None:
     with (
-        ModelServerSim(address, config=FAST).start_in_thread() as handle,
+        SimThread(ModelServerSim(address, config=FAST)) as handle,
         urllib.request.urlopen(f"{handle.sim.base_url}/metrics") as response,
     ):
         page = response.read()
@@ -286,8 +286,8 @@ async def test_set_gauges_pins_reported_values_until_cleared(address: str) -> No
 
 def test_thread_handle_serves_from_sync_code_and_leaves_no_thread(addresses: Any) -> None:
     sims = [ModelServerSim(addresses.acquire(), config=FAST) for _ in range(2)]
-    handle = sims[0].start_in_thread()
-    other = sims[1].start_in_thread()
+    handle = SimThread(sims[0]).start()
+    other = SimThread(sims[1]).start()
     try:
         for sim in sims:
             sim.set_gauges(waiting=2)  # from this thread while the sim serves from its own
@@ -302,10 +302,10 @@ def test_thread_handle_serves_from_sync_code_and_leaves_no_thread(addresses: Any
 
 
 def test_thread_start_reports_a_bind_failure(address: str) -> None:
-    with ModelServerSim(address, config=FAST).start_in_thread():
+    with SimThread(ModelServerSim(address, config=FAST)):
         second = ModelServerSim(address, config=FAST)
         with pytest.raises(RuntimeError, match="failed to start") as info:
-            second.start_in_thread()
+            SimThread(second).start()
         assert isinstance(info.value.__cause__, OSError)
     assert not [t for t in threading.enumerate() if t.name.startswith("sim-")]
 

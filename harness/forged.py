@@ -1,16 +1,24 @@
-"""The kubelet stand-in: drives pod status through the API the way a node would.
+"""Forged pod status: what no kubelet writes, kept for reproducing bugs that need it.
 
-There is no node and no kubelet in the hermetic control plane. Pods are created through the API
-(``Kubelet.start`` or ``Kube.pods.create``); this class then writes their status through the
-``status`` subresource only (podIP/podIPs, phase Running, Ready/ContainersReady conditions with
-``lastTransitionTime``), flips readiness, changes IPs, and deletes a pod while a finalizer holds it,
-so a watcher sees the deletionTimestamp before the object goes away:
+The cluster's pods are run by the node agent (``harness.nodeagent``), which writes status as a
+kubelet does. Some bugs need states a kubelet never produces, or needs them at an exact moment: an
+address changed in place on a running pod, status written directly without a process behind it, a
+deletion held by a finalizer at a chosen moment. ``ForgedKubelet`` writes those. It works only on
+pods the agent never runs: pods built by ``PodBuilder`` carry ``spec.schedulerName:
+epp-harness-kubelet-stand-in`` (``harness.builders.STAND_IN_SCHEDULER``), which no scheduler serves, so
+they are never bound to a node and no kubelet (the agent included) ever touches them.
 
-    kubelet = Kubelet(api_client)
-    kubelet.start(ns, PodBuilder("p1").labels(app="x").build(), ip="127.0.0.5")
-    kubelet.make_unready(ns, "p1")
-    kubelet.change_ip(ns, "p1", "127.0.0.6")
-    with kubelet.deleting(ns, "p1"):      # deletionTimestamp set, object still there
+Pods are created through the API (``ForgedKubelet.start`` or ``Kube.pods.create``); this class then
+writes their status through the ``status`` subresource only (podIP/podIPs, phase Running,
+Ready/ContainersReady conditions with ``lastTransitionTime``), flips readiness, changes IPs, and
+deletes a pod while a finalizer holds it, so a watcher sees the deletionTimestamp before the object
+goes away:
+
+    forged = ForgedKubelet(api_client)
+    forged.start(ns, PodBuilder("p1").labels(app="x").build(), ip="127.0.0.5")
+    forged.make_unready(ns, "p1")
+    forged.change_ip(ns, "p1", "127.0.0.6")
+    with forged.deleting(ns, "p1"):      # deletionTimestamp set, object still there
         ...
     # released: the pod is gone
 
@@ -34,8 +42,8 @@ from harness.kube import JsonObject, Kube, WriteObserver
 _CONFLICT_RETRIES: Final = 10
 
 
-class Kubelet:
-    """Plays the node for pods created through the API: writes their status, holds their deletion."""
+class ForgedKubelet:
+    """Writes status no kubelet would for stand-in pods (never bound): forges readiness, IPs, deletion."""
 
     def __init__(
         self,

@@ -1,5 +1,5 @@
-"""The kubelet stand-in's transitions, seen through a real watch on the API server, in order:
-Ready flips to False, the IP changes, a deletionTimestamp appears, the pod is deleted."""
+"""The forged kubelet's transitions (states kept for reproducing bugs), seen through a real watch on the
+API server, in order: Ready flips to False, the IP changes, a deletionTimestamp appears, the pod goes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from kubernetes import client, watch
 from kubernetes.client import ApiClient
 
 from harness.builders import HOLD_FINALIZER, PodBuilder
+from harness.forged import ForgedKubelet
 from harness.kube import Kube
-from harness.kubelet import Kubelet
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ class PodEvents:
 def test_watch_sees_ready_flip_ip_change_deletion_timestamp_then_deletion(
     kube_api: ApiClient, namespace: str
 ) -> None:
-    kube, kubelet = Kube(kube_api), Kubelet(kube_api)
+    kube, kubelet = Kube(kube_api), ForgedKubelet(kube_api)
     started = kubelet.start(namespace, PodBuilder("p1").labels(app="sim").build(), ip="127.0.0.5")
     assert is_ready(started)
     assert pod_ip(started) == "127.0.0.5"
@@ -99,7 +99,7 @@ def test_watch_sees_ready_flip_ip_change_deletion_timestamp_then_deletion(
 
 
 def test_make_ready_sets_ip_phase_and_conditions_through_status(kube_api: ApiClient, namespace: str) -> None:
-    kube, kubelet = Kube(kube_api), Kubelet(kube_api)
+    kube, kubelet = Kube(kube_api), ForgedKubelet(kube_api)
     kube.pods.create(namespace, PodBuilder("p1").labels(app="sim").build())
     assert "podIP" not in kube.pods.get(namespace, "p1").get("status", {})
 
@@ -119,7 +119,7 @@ def test_make_ready_sets_ip_phase_and_conditions_through_status(kube_api: ApiCli
 def test_unready_then_ready_again_keeps_ip_and_moves_transition_time_only_on_change(
     kube_api: ApiClient, namespace: str
 ) -> None:
-    kubelet = Kubelet(kube_api)
+    kubelet = ForgedKubelet(kube_api)
     first = kubelet.start(namespace, PodBuilder("p1").build(), ip="127.0.0.7")
     scheduled_at = {c["type"]: c for c in first["status"]["conditions"]}["PodScheduled"]["lastTransitionTime"]
 
@@ -135,7 +135,7 @@ def test_unready_then_ready_again_keeps_ip_and_moves_transition_time_only_on_cha
 
 
 def test_deleting_context_holds_then_releases(kube_api: ApiClient, namespace: str) -> None:
-    kube, kubelet = Kube(kube_api), Kubelet(kube_api)
+    kube, kubelet = Kube(kube_api), ForgedKubelet(kube_api)
     kubelet.start(namespace, PodBuilder("p1").build(), ip="127.0.0.8")
 
     with kubelet.deleting(namespace, "p1") as terminating:
