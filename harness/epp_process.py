@@ -37,6 +37,7 @@ class EppProcess:
     _process: ManagedProcess | None = field(default=None, init=False)
     _cert_dir: Path | None = field(default=None, init=False)
     _ca_pem: bytes = field(default=b"", init=False)
+    _owns_cert_dir: bool = field(default=True, init=False)
 
     def start(self, timeout: float = 30.0) -> None:
         """Spawn and wait until the process serves /metrics (ready to answer, pool or not)."""
@@ -56,6 +57,9 @@ class EppProcess:
             f"--debugPort={self.debug_port}",
             f"-v={self.verbosity}",
             f"--certPath={cert_dir}",
+            # No load balancer health-checks a harness EPP unless a test sets one up (and then passes
+            # its own delay): stopping need not wait for one to notice the drain.
+            "--shutdownDelay=0s",
             *self.extra_args,
         ]
         self._process = ManagedProcess(
@@ -87,8 +91,25 @@ class EppProcess:
             reservation.release()
         self._ports.clear()
         if self._cert_dir is not None:
-            shutil.rmtree(self._cert_dir, ignore_errors=True)
+            if self._owns_cert_dir:
+                shutil.rmtree(self._cert_dir, ignore_errors=True)
             self._cert_dir = None
+
+    def replica(self) -> EppProcess:
+        """Another EPP process (not started) for the same pool, with the same flags, environment and
+        serving certificate: a second pod of one Deployment, behind one Service name. Close it
+        before this one, which owns the certificate."""
+        other = EppProcess(
+            self.pool_name,
+            self.pool_namespace,
+            self.kubeconfig,
+            extra_args=list(self.extra_args),
+            extra_env=dict(self.extra_env),
+            verbosity=self.verbosity,
+        )
+        other._cert_dir, other._ca_pem = self._serving_certificate(), self._ca_pem
+        other._owns_cert_dir = False
+        return other
 
     def _serving_certificate(self) -> Path:
         """`tls.crt`/`tls.key` for `server_name` from this EPP's own CA; made once, kept across restarts."""
