@@ -34,17 +34,24 @@ from harness.stack_fixtures import StackFactory
 pytestmark = pytest.mark.e2e
 
 IN_FLIGHT = 32
-# Each request takes a few hundred milliseconds, so a fault always finds streams in flight.
+# A short request takes a few hundred milliseconds, so a fault always finds streams in flight.
 SIM = SimConfig(model=BASE_MODEL, max_num_seqs=64, time_scale=0.5)
-MAX_TOKENS = 100
+SHORT_TOKENS = 100
+# About 4 s: longer than the drain delay, so the streams a draining replica holds when it stops
+# accepting new ones must still finish (they fail if it does not wait for them).
+LONG_TOKENS = 1300
 # Longer than Envoy's health check needs to see NOT_SERVING (0.5 s interval, 1 failure), with room
 # for a loaded machine.
-SHUTDOWN_DELAY = "3s"
+SHUTDOWN_DELAY = "2s"
 TIMEOUT_S = 60.0
 
 
-def request(client: int) -> dict[str, Any]:
-    return {"model": BASE_MODEL, "prompt": f"client {client}", "max_tokens": MAX_TOKENS}
+def short_request(client: int) -> dict[str, Any]:
+    return {"model": BASE_MODEL, "prompt": f"client {client}", "max_tokens": SHORT_TOKENS}
+
+
+def long_request(client: int) -> dict[str, Any]:
+    return {"model": BASE_MODEL, "prompt": f"client {client}", "max_tokens": LONG_TOKENS}
 
 
 @pytest.fixture
@@ -65,6 +72,11 @@ def steady(load: ClosedLoopLoad, since: float, count: int = 2 * IN_FLIGHT) -> No
     eventually(enough, timeout=TIMEOUT_S, message=f"{count} requests served")
 
 
+def in_flight_on(replica: EppProcess) -> int:
+    """Streams open on this replica: requests it routed whose responses have not ended."""
+    return sum(int(p["inFlight"]) for p in replica.datastore_view()["pods"])
+
+
 def routed_by(replica: EppProcess) -> float:
     """How many requests this replica has routed (its own `inference_model_request_total`)."""
     return sum(
@@ -78,8 +90,8 @@ def routed_by(replica: EppProcess) -> float:
 
 def test_sigterm_drains_a_replica_without_failing_a_request(replicas: EppReplicas) -> None:
     draining = replicas.replicas[0]
-    with ClosedLoopLoad(f"{replicas.base_url}/completions", request, concurrency=IN_FLIGHT) as load:
-        steady(load, 0.0)
+    with ClosedLoopLoad(f"{replicas.base_url}/completions", long_request, concurrency=IN_FLIGHT) as load:
+        steady(load, 0.0, IN_FLIGHT)
         assert routed_by(draining) > 0, "Envoy spreads streams over both replicas"
         assert draining.pid is not None
 
@@ -90,6 +102,7 @@ def test_sigterm_drains_a_replica_without_failing_a_request(replicas: EppReplica
 
         eventually(not_serving, timeout=TIMEOUT_S, message="health NOT_SERVING")
         assert draining.running, "NOT_SERVING comes first, while the replica still serves"
+        assert in_flight_on(draining) > 0, "the draining replica holds streams that must finish"
 
         def exited() -> None:
             assert not draining.running, "the replica is still draining"
@@ -107,7 +120,7 @@ def test_sigkill_costs_at_most_the_requests_in_flight_and_a_restart_rebuilds_the
     replicas: EppReplicas,
 ) -> None:
     victim = replicas.replicas[0]
-    with ClosedLoopLoad(f"{replicas.base_url}/completions", request, concurrency=IN_FLIGHT) as load:
+    with ClosedLoopLoad(f"{replicas.base_url}/completions", short_request, concurrency=IN_FLIGHT) as load:
         steady(load, 0.0)
         killed_at = time.monotonic()
         victim.kill()
