@@ -7,7 +7,8 @@ change (a new pod, one made unready, one deleted) and polls the oracle every 10 
 datastore equals it. Printed per fault: the time the fault took (restart, etc.) and the time to
 converge, counted from the moment the API was back (or, for the half-open watch, from the freeze):
 
-- apiserver restart: SIGTERM kube-apiserver, start it on the same port and data; from /readyz OK;
+- apiserver restart: SIGTERM kube-apiserver, start it on the same port and data (after `--outage`
+  seconds down); from /readyz OK;
 - etcd restart: SIGTERM etcd, start it on its data; from kube-apiserver's /readyz OK again;
 - 410 Gone: pods' watch cache off (`--watch-cache-sizes=pods#0`), the EPP cut off by the proxy
   while the pods change, etcd compacted past the EPP's resourceVersion, the path restored; from the
@@ -18,7 +19,7 @@ converge, counted from the moment the API was back (or, for the half-open watch,
 Aims (issue 12): <= 2 s after the API is back; <= 2 bookmark intervals for the half-open watch.
 Asserts nothing.
 
-    .venv/bin/python benchmarks/bench_control_plane_faults.py [--rounds 3] [--interval 2]
+    .venv/bin/python benchmarks/bench_control_plane_faults.py [--rounds 3] [--interval 2] [--outage 0]
 """
 
 from __future__ import annotations
@@ -61,9 +62,15 @@ def converged_after(bed: TestBed, since: float) -> float:
     raise TimeoutError(f"not consistent after {CONVERGE_TIMEOUT_S}s: {bed.verdict().summary()}")
 
 
+# How long kube-apiserver stays down before it is started again (--outage).
+OUTAGE_S = [0.0]
+
+
 def apiserver_restart(rig: FaultRig) -> tuple[float, float]:
     started = time.monotonic()
-    rig.plane.restart_apiserver()
+    rig.plane.stop_apiserver()
+    time.sleep(OUTAGE_S[0])
+    rig.plane.start_apiserver()
     back = time.monotonic()
     change_pods(rig.bed)
     return back - started, converged_after(rig.bed, back)
@@ -116,7 +123,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per fault (a fresh cluster each)")
     parser.add_argument("--interval", type=float, default=2.0, help="the EPP's --watchBookmarkInterval (s)")
     parser.add_argument("--only", choices=sorted(FAULTS), help="one fault only")
+    parser.add_argument(
+        "--outage", type=float, default=0.0, help="keep kube-apiserver down this long before restarting it"
+    )
     args = parser.parse_args()
+    OUTAGE_S[0] = args.outage
     logging.basicConfig(level=logging.ERROR)  # the EPP's warnings about its broken watches are expected
 
     print(f"EPP watch bookmark interval {args.interval:g} s; {args.rounds} rounds per fault\n")
