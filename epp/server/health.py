@@ -2,7 +2,8 @@
 
 SERVING iff the datastore knows the pool and the EPP is not draining (the runner passes that rule
 in). The requested service name is ignored on purpose: Kubernetes probes ask for
-`inference-extension`, and requiring the ext_proc service name broke them upstream (#788). `Watch` is not implemented; `List` reports the ext_proc service and "".
+`inference-extension`, and requiring the ext_proc service name broke them upstream (#788).
+`Watch` is not implemented; `List` reports the ext_proc service and "".
 """
 
 from __future__ import annotations
