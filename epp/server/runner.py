@@ -188,8 +188,8 @@ class Epp:
 
     async def drain(self) -> None:
         """NOT_SERVING first, serve `shutdown_delay` more, refuse new streams, give those in flight
-        `shutdown_grace_period`, then `stop()` (module docstring). Ends early if a supervised task
-        fails or `request_stop()` is called again."""
+        `shutdown_grace_period`, then `stop()` (module docstring). Ends early if `request_stop()` is
+        called again, or if a supervised task fails (then raises its `TaskFailed`)."""
         if not self._started or self._stopped:
             return
         config = self._config
@@ -204,16 +204,24 @@ class Epp:
             if not await self._until_hurried(delay):
                 delay.cancel()
                 await asyncio.gather(delay, return_exceptions=True)
-        server = self._ext_proc_server
-        if server is not None and self._supervisor.failure is None and not self._hurry.is_set():
-            log.info("draining: refusing new ext_proc streams; waiting for those in flight")
-            # grpc's stop(grace) must not be cancelled (that breaks its shutdown); a hurried drain
-            # calls stop(None) beside it, which cancels the streams, and both return.
-            graceful = asyncio.ensure_future(server.stop(config.shutdown_grace_period))
-            if not await self._until_hurried(graceful):
-                await server.stop(None)
-            await graceful
+        if self._supervisor.failure is None and not self._hurry.is_set():
+            await self._finish_streams()
         await self.stop()
+        if self._supervisor.failure is not None:
+            raise self._supervisor.failure  # a task died while draining: not a clean exit
+
+    async def _finish_streams(self) -> None:
+        """Refuse new ext_proc streams and wait for those in flight (the grace period)."""
+        server = self._ext_proc_server
+        if server is None:
+            return
+        log.info("draining: refusing new ext_proc streams; waiting for those in flight")
+        # grpc's stop(grace) must not be cancelled (that breaks its shutdown); a hurried drain
+        # calls stop(None) beside it, which cancels the streams, and both return.
+        graceful = asyncio.ensure_future(server.stop(self._config.shutdown_grace_period))
+        if not await self._until_hurried(graceful):
+            await server.stop(None)
+        await graceful
 
     async def _until_hurried(self, work: asyncio.Future[Any]) -> bool:
         """Wait for `work`; False if a second stop request or a task failure came first."""

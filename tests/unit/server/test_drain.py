@@ -12,11 +12,13 @@ import gc
 from dataclasses import replace
 
 import grpc
+import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.server.runner import Epp
+from epp.server.supervisor import TaskFailed
 from harness.eventually import eventually_async
 
 from .support import LOOPBACK_CONFIG, make_epp
@@ -126,5 +128,16 @@ def test_a_second_stop_request_ends_the_drain_at_once() -> None:
 
                 await asyncio.wait_for(draining, WAIT_S)  # not the 600 s delay, nor the 600 s grace
                 assert await in_flight.call.code() != grpc.StatusCode.OK
+
+    asyncio.run(scenario())
+
+
+def test_a_task_failing_during_the_drain_ends_it_and_is_surfaced() -> None:
+    config = replace(LOOPBACK_CONFIG, shutdown_delay=600.0)
+
+    async def scenario() -> None:
+        async with make_epp(config=config, fail=RuntimeError("watch exploded")) as epp:
+            with pytest.raises(TaskFailed, match="watch exploded"):
+                await asyncio.wait_for(epp.drain(), WAIT_S)  # not the 600 s delay
 
     asyncio.run(scenario())
