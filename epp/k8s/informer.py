@@ -207,7 +207,8 @@ class Informer(Generic[T]):
                 received = True
                 self._failures = 0
                 self._apply(event)
-        if not received and self._clock() - started < MIN_HEALTHY_WATCH:
+        # (Never as long as the watch was asked to last: a 1 s watch that ends after 1 s is healthy.)
+        if not received and self._clock() - started < min(MIN_HEALTHY_WATCH, timeout / 2):
             await self._back_off("watch closed at once without events")
 
     async def _relist(self) -> None:
