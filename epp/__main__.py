@@ -1,5 +1,8 @@
 """`epp` / `python -m epp`: parse flags, run the endpoint picker until SIGTERM or SIGINT.
 
+A signal drains (`Epp.drain`: NOT_SERVING, `--shutdownDelay`, then streams in flight get
+`--shutdownGracePeriod`); a second signal cuts the drain short.
+
 Exit codes: 0 after a signal-initiated shutdown, 1 if a component failed (or could not start),
 2 for a bad command line.
 """
@@ -36,6 +39,7 @@ async def serve(config: ServerConfig, environ: Mapping[str, str]) -> int:
             async with epp:
                 await epp.wait()
                 log.info("shutting down")
+                await epp.drain()
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

@@ -45,6 +45,15 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 # Room in one gRPC message for what travels with the body (framing, a header mutation, metadata).
 GRPC_MESSAGE_HEADROOM = 1024 * 1024
 
+# Draining on SIGTERM (`Epp.drain`): gRPC health says NOT_SERVING at once, ext_proc keeps serving for
+# `--shutdownDelay` so load balancers (Envoy's health checks, the kubelet's readiness probe every 2 s
+# in our chart, then the EndpointSlice) stop sending new streams; then new streams are refused
+# (GOAWAY) and those in flight get `--shutdownGracePeriod` to finish. An ext_proc stream lasts as
+# long as its response, so the grace period should cover the longest response; delay + grace must
+# fit in the pod's terminationGracePeriodSeconds (130 s in deploy/chart).
+DEFAULT_SHUTDOWN_DELAY = 5.0
+DEFAULT_SHUTDOWN_GRACE_PERIOD = 120.0
+
 
 class ConfigError(ValueError):
     """A setting that cannot work; `setting` is the field name (the entry point names its flag)."""
@@ -64,6 +73,11 @@ def _fraction(setting: str, value: float) -> None:
 def _non_negative_count(setting: str, value: int) -> None:
     if value < 0:
         raise ConfigError(setting, value, "must be 0 or more")
+
+
+def _non_negative(setting: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(setting, value, "must be 0 or a positive, finite number")
 
 
 def _positive(setting: str, value: float) -> None:
@@ -142,6 +156,30 @@ class ProberConfig:
         _positive("scrape_timeout", self.scrape_timeout)
 
 
+# The watch liveness rule (DESIGN.md §6; epp/k8s/informer.py): every watch is asked to end after
+# one interval (timeoutSeconds, spread up to +25%), so the API server's end of the watch, or the
+# bookmark it sends 2 s before, or any event, shows the watch alive at least that often; a watch
+# that reads nothing for two intervals is dead (a half-open connection) and is replaced, resuming
+# from its last resourceVersion. kube-apiserver sends bookmarks about once a minute, hence 60 s.
+DEFAULT_WATCH_BOOKMARK_INTERVAL = 60.0
+# timeoutSeconds is whole seconds, at least 1.
+MIN_WATCH_BOOKMARK_INTERVAL = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class WatchConfig:
+    bookmark_interval: float = DEFAULT_WATCH_BOOKMARK_INTERVAL
+
+    def __post_init__(self) -> None:
+        _positive("watch_bookmark_interval", self.bookmark_interval)
+        if self.bookmark_interval < MIN_WATCH_BOOKMARK_INTERVAL:
+            raise ConfigError(
+                "watch_bookmark_interval",
+                self.bookmark_interval,
+                f"must be at least {MIN_WATCH_BOOKMARK_INTERVAL}s (timeoutSeconds is whole seconds)",
+            )
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     pool_name: str
@@ -163,9 +201,14 @@ class ServerConfig:
     kubeconfig: str = ""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prober: ProberConfig = field(default_factory=ProberConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
+    shutdown_grace_period: float = DEFAULT_SHUTDOWN_GRACE_PERIOD
 
     def __post_init__(self) -> None:
         _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
+        _non_negative("shutdown_delay", self.shutdown_delay)
+        _non_negative("shutdown_grace_period", self.shutdown_grace_period)
         if self.max_request_body_bytes < 1:
             raise ConfigError("max_request_body_bytes", self.max_request_body_bytes, "must be 1 or more")
         refresh, stale = self.prober.refresh_interval, self.scheduler.metrics_staleness_threshold

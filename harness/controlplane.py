@@ -35,9 +35,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import json
 import ssl
 import sys
-from collections.abc import Collection, Mapping, Sequence
+import urllib.request
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -195,6 +197,8 @@ class ControlPlane:
         self._access: ClusterAccess | None = None
         self._pki: dict[str, Path] = {}
         self._children = ChildProcesses()
+        self._etcd_url = ""
+        self._apiserver_ready: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ public surface
 
@@ -272,6 +276,70 @@ class ControlPlane:
     ) -> None:
         self.stop()
 
+    # ------------------------------------------------------------------ faults
+    # Fault tests start a plane of their own and break it on purpose (never the shared one: other
+    # tests use it at the same time). A restarted component gets the same data dir, ports,
+    # certificates and flags; its previous log is kept as `<name>.log.<n>`.
+
+    def restart_apiserver(self) -> None:
+        """SIGTERM kube-apiserver (it ends every watch), start it again; return once ready."""
+        self.stop_apiserver()
+        self.start_apiserver()
+
+    def stop_apiserver(self) -> None:
+        self._component_process(self.apiserver).stop()
+
+    def start_apiserver(self) -> None:
+        """Start the stopped kube-apiserver again and wait for /readyz and the default namespace."""
+        _relaunch(self._component_process(self.apiserver))
+
+    def restart_etcd(self) -> None:
+        """SIGTERM etcd, start it again on its data, and return once kube-apiserver is ready again."""
+        etcd = self._component_process(self.etcd)
+        etcd.stop()
+        _relaunch(etcd)
+        self.wait_apiserver_ready()
+
+    def wait_apiserver_ready(self, timeout: float | None = None) -> None:
+        """Until kube-apiserver's /readyz passes (its storage checks included)."""
+        apiserver, ready = self._component_process(self.apiserver), self._apiserver_ready
+        assert ready is not None
+        apiserver.wait_for(ready, "ready", timeout)
+
+    def etcd_revision(self) -> int:
+        """etcd's current revision (the newest resourceVersion), from its HTTP gateway."""
+        header = self._etcd_call("/v3/maintenance/status", {})["header"]
+        return int(header["revision"])
+
+    def compact_etcd(self, revision: int | None = None) -> int:
+        """Compact etcd's history before `revision` (default: the current one) and return it.
+
+        A watch from an older resourceVersion that reaches etcd then gets 410 Gone. kube-apiserver
+        serves watches from its watch cache, which keeps its own window of history, so a test that
+        wants the 410 starts the plane with `extra_apiserver_args=["--watch-cache-sizes=pods#0"]`
+        (pods watched straight from etcd, as every resource is once the cache's window has passed).
+        """
+        target = self.etcd_revision() if revision is None else revision
+        self._etcd_call("/v3/kv/compaction", {"revision": str(target), "physical": True})
+        return target
+
+    def _etcd_call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if not self._etcd_url:
+            raise RuntimeError("control plane not started")
+        headers = {"Content-Type": "application/json"}
+        request = urllib.request.Request(
+            self._etcd_url + path, data=json.dumps(body).encode(), headers=headers
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+        return answer
+
+    @staticmethod
+    def _component_process(process: ManagedProcess | None) -> ManagedProcess:
+        if process is None:
+            raise RuntimeError("control plane not started")
+        return process
+
     # ------------------------------------------------------------------ start-up steps
 
     def _binary(self, component: str) -> Path:
@@ -341,6 +409,7 @@ class ControlPlane:
             stop_timeout=self.stop_timeout,
         ))  # fmt: skip
         self.etcd.start()
+        self._etcd_url = client_url
         return client_url
 
     def _start_apiserver(self, binary: Path, etcd_url: str) -> None:
@@ -382,6 +451,7 @@ class ControlPlane:
         context = self._admin_ssl_context()
         readyz = http_health_check(f"{server_url}/readyz", context)
         default_namespace = http_health_check(f"{server_url}/api/v1/namespaces/default", context)
+        self._apiserver_ready = readyz
         self.apiserver = self._children.add(  # named before it starts: a failed start shows its log
             ManagedProcess(
                 KUBE_APISERVER,
@@ -524,6 +594,17 @@ def grant_node_agent(api_client: ApiClient, user: str) -> None:
             if exc.status != 409:
                 raise
             replace(name, body)
+
+
+def _relaunch(process: ManagedProcess) -> None:
+    """Start a stopped component again with the same arguments, keeping its previous log."""
+    log = process.log_path
+    if log.exists():
+        generation = 1
+        while log.with_name(f"{log.name}.{generation}").exists():
+            generation += 1
+        log.rename(log.with_name(f"{log.name}.{generation}"))
+    process.start()
 
 
 def _write_pki(directory: Path) -> dict[str, Path]:

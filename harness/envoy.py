@@ -56,10 +56,13 @@ with warnings.catch_warnings():
     )
     from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
     from envoy_data_plane.envoy.config.cluster.v3 import (
+        CircuitBreakers,
+        CircuitBreakersThresholds,
         Cluster,
         ClusterDiscoveryType,
         ClusterLbPolicy,
         ClusterOriginalDstLbConfig,
+        ClusterTransportSocketMatch,
     )
     from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
         HeaderMutation,
@@ -70,8 +73,12 @@ with warnings.catch_warnings():
         DataSource,
         GrpcService,
         GrpcServiceEnvoyGrpc,
+        HealthCheck,
+        HealthCheckGrpcHealthCheck,
         Http2ProtocolOptions,
         Node,
+        RetryPolicy,
+        RetryPolicyRetryHostPredicate,
         RuntimeUInt32,
         SocketAddress,
         SubstitutionFormatString,
@@ -81,6 +88,7 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.config.endpoint.v3 import (
         ClusterLoadAssignment,
         Endpoint,
+        EndpointHealthCheckConfig,
         LbEndpoint,
         LocalityLbEndpoints,
     )
@@ -112,6 +120,8 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutation.v3 import (
         HeaderMutation as EarlyHeaderMutation,
     )
+    from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import PreviousHostsPredicate
+    from envoy_data_plane.envoy.extensions.transport_sockets.raw_buffer.v3 import RawBuffer
     from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
         CertificateValidationContext,
         CommonTlsContext,
@@ -135,6 +145,11 @@ DESTINATION_NAMESPACE: Final = "envoy.lb"
 CLIENT_ENVOY_PREFIX: Final = "x-envoy-"
 EXT_PROC_CLUSTER: Final = "ext_proc"
 MODEL_SERVERS_CLUSTER: Final = "model_servers"
+# Retries of ext_proc streams in flight at once (Envoy's default of 3 turns most of them away when a
+# replica dies under load).
+EXT_PROC_MAX_RETRIES_IN_FLIGHT: Final = 1024
+# Transport-socket match key of the ext_proc cluster's health checks (plaintext gRPC health port).
+HEALTH_CHECK_MATCH: Final = "plaintext-health-check"
 # Envoy buffers a whole request body for the EPP (BUFFERED): its limit is the EPP's body limit, so
 # both refuse the same bodies with 413 (`Stack` passes the same number as --maxRequestBodyBytes).
 DEFAULT_BUFFER_LIMIT_BYTES: Final = DEFAULT_MAX_REQUEST_BODY_BYTES
@@ -165,6 +180,33 @@ ACCESS_LOG_FORMAT: Final[dict[str, str]] = {
 
 
 @dataclass(frozen=True)
+class ExtProcReplica:
+    """One EPP replica in Envoy's ext_proc cluster: its ext_proc address ("ip:port") and its gRPC
+    health port (plaintext, on the same IP), which Envoy checks when `EnvoyOptions.ext_proc_health_check`
+    is set."""
+
+    address: str
+    health_port: int | None = None
+
+
+@dataclass(frozen=True)
+class ExtProcHealthCheck:
+    """Active gRPC health checking of the EPP replicas, so a draining replica (NOT_SERVING) gets no
+    new ext_proc streams while its streams in flight finish.
+
+    Envoy marks a replica unhealthy after `unhealthy_threshold` failed checks, one every `interval_s`
+    (also while the cluster has no traffic), so a replica's drain delay (`--shutdownDelay`) must be
+    longer than about `interval_s * unhealthy_threshold + timeout_s`. With fewer than half the
+    replicas healthy Envoy ignores health (its panic threshold) and uses them all.
+    """
+
+    interval_s: float = 0.5
+    timeout_s: float = 1.0
+    unhealthy_threshold: int = 1
+    healthy_threshold: int = 1
+
+
+@dataclass(frozen=True)
 class EnvoyOptions:
     """Knobs of the generated bootstrap."""
 
@@ -182,6 +224,12 @@ class EnvoyOptions:
     # Baseline for benchmarks: no ext_proc filter, and every request goes to this "ip:port"
     # (a STATIC cluster). The ext_proc cluster stays defined but nothing calls it.
     direct_upstream: str | None = None
+    # Several EPP replicas (`Envoy(ext_proc=[ExtProcReplica, ...])`): health-check them, and retry
+    # an ext_proc stream that could not start (connection refused, stream refused by a replica that
+    # is closing) on another replica, up to this many times. A stream that has started is never
+    # retried: the EPP may already have routed it.
+    ext_proc_health_check: ExtProcHealthCheck | None = None
+    ext_proc_retries: int = 0
 
 
 def _seconds(value: float) -> dt.timedelta:
@@ -204,6 +252,7 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
             timeout=_seconds(options.ext_proc_timeout_s),
+            retry_policy=ext_proc_retry_policy(options.ext_proc_retries),
         ),
         failure_mode_allow=False,
         # The EPP itself never answers 502, so a 502 local reply means "no answer from the picker";
@@ -222,6 +271,43 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE])
         ),
     )
+
+
+def ext_proc_retry_policy(retries: int) -> RetryPolicy | None:
+    """Retry an ext_proc stream that never started (connect failure, REFUSED_STREAM) on another
+    replica. Both mean the EPP saw nothing of the request, so a retry cannot route it twice."""
+    if retries <= 0:
+        return None
+    return RetryPolicy(
+        retry_on="connect-failure,refused-stream",
+        num_retries=retries,
+        retry_host_predicate=[
+            RetryPolicyRetryHostPredicate(
+                name="envoy.retry_host_predicates.previous_hosts",
+                typed_config=AnyProto.pack(PreviousHostsPredicate()),
+            )
+        ],
+        host_selection_retry_max_attempts=5,
+    )
+
+
+def ext_proc_health_checks(check: ExtProcHealthCheck | None) -> list[HealthCheck]:
+    """gRPC health checks of each replica's plaintext health port (`HEALTH_CHECK_MATCH` picks the
+    plaintext transport socket for them; ext_proc itself stays on TLS)."""
+    if check is None:
+        return []
+    return [
+        HealthCheck(
+            timeout=_seconds(check.timeout_s),
+            interval=_seconds(check.interval_s),
+            # Envoy checks idle clusters only once a minute unless told otherwise.
+            no_traffic_interval=_seconds(check.interval_s),
+            unhealthy_threshold=check.unhealthy_threshold,
+            healthy_threshold=check.healthy_threshold,
+            grpc_health_check=HealthCheckGrpcHealthCheck(),
+            transport_socket_match_criteria=Struct(fields={HEALTH_CHECK_MATCH: Value(bool_value=True)}),
+        )
+    ]
 
 
 def _json_reply(status: int, error_type: str, message: str) -> ResponseMapper:
@@ -307,12 +393,15 @@ def build_bootstrap(
     access_log_path: Path,
     options: EnvoyOptions = EnvoyOptions(),
     ext_proc_tls: ExtProcTls | None = None,
+    ext_proc_replicas: Sequence[ExtProcReplica] = (),
 ) -> Bootstrap:
     """The whole Envoy bootstrap as typed API objects.
 
     `ext_proc_tls` is required when the EPP is reached over TLS (`options.ext_proc_tls`, the default):
-    Envoy verifies the EPP's certificate against it. Only the `direct_upstream` baseline, which
-    never calls the EPP, may leave it out.
+    Envoy verifies the EPP's certificate against it (every replica presents a certificate from the
+    same CA for the same name, as the pods of one Deployment do). Only the `direct_upstream`
+    baseline, which never calls the EPP, may leave it out. `ext_proc_replicas`, when given, replace
+    `ext_proc_host`/`ext_proc_port` as the ext_proc cluster's endpoints.
     """
     calls_epp = options.direct_upstream is None
     if options.ext_proc_tls and calls_epp and ext_proc_tls is None:
@@ -392,17 +481,34 @@ def build_bootstrap(
             cluster_name=EXT_PROC_CLUSTER,
             endpoints=[
                 LocalityLbEndpoints(
-                    lb_endpoints=[
-                        LbEndpoint(endpoint=Endpoint(address=_socket(ext_proc_host, ext_proc_port)))
-                    ]
+                    lb_endpoints=_ext_proc_endpoints(
+                        ext_proc_replicas or [ExtProcReplica(f"{ext_proc_host}:{ext_proc_port}")]
+                    )
                 )
             ],
         ),
+        health_checks=ext_proc_health_checks(options.ext_proc_health_check),
     )
+    if options.ext_proc_retries > 0:
+        # Envoy allows 3 retries in flight per cluster by default: when a replica dies, every stream
+        # that was about to start on it needs one at once.
+        ext_proc_cluster.circuit_breakers = CircuitBreakers(
+            thresholds=[CircuitBreakersThresholds(max_retries=EXT_PROC_MAX_RETRIES_IN_FLIGHT)]
+        )
     if options.ext_proc_tls and ext_proc_tls is not None:
         ext_proc_cluster.transport_socket = TransportSocket(
             name="envoy.transport_sockets.tls", typed_config=AnyProto.pack(ext_proc_tls_context(ext_proc_tls))
         )
+    if options.ext_proc_health_check is not None:
+        ext_proc_cluster.transport_socket_matches = [
+            ClusterTransportSocketMatch(
+                name=HEALTH_CHECK_MATCH,
+                match=Struct(fields={HEALTH_CHECK_MATCH: Value(bool_value=True)}),
+                transport_socket=TransportSocket(
+                    name="envoy.transport_sockets.raw_buffer", typed_config=AnyProto.pack(RawBuffer())
+                ),
+            )
+        ]
     model_servers = Cluster(
         name=MODEL_SERVERS_CLUSTER,
         type=ClusterDiscoveryType.ORIGINAL_DST,
@@ -442,6 +548,17 @@ def build_bootstrap(
     )
 
 
+def _ext_proc_endpoints(replicas: Sequence[ExtProcReplica]) -> list[LbEndpoint]:
+    endpoints = []
+    for replica in replicas:
+        host, port = _split_host_port(replica.address)
+        endpoint = Endpoint(address=_socket(host, port))
+        if replica.health_port is not None:
+            endpoint.health_check_config = EndpointHealthCheckConfig(port_value=replica.health_port)
+        endpoints.append(LbEndpoint(endpoint=endpoint))
+    return endpoints
+
+
 def bootstrap_json(bootstrap: Bootstrap) -> str:
     """Proto3 JSON of the bootstrap, as ``envoy -c bootstrap.json`` reads it."""
     return json.dumps(bootstrap.to_dict(), indent=2)
@@ -462,6 +579,8 @@ class Envoy:
     """Envoy with the EPP (``ext_proc`` = "host:port", an IP address) as its external processor.
 
     ``with Envoy("127.0.0.1:9002") as envoy: ...`` then send requests to ``envoy.base_url``.
+    Several EPP replicas: ``Envoy([ExtProcReplica("127.0.0.1:9002", health_port=9003), ...],
+    options=EnvoyOptions(ext_proc_health_check=ExtProcHealthCheck(), ext_proc_retries=1))``.
     Ports are reserved (``harness.ports``) unless given. The working directory (bootstrap, Envoy's
     output ``envoy.log``, ``access.log``) is a temp dir removed at stop, unless ``work_dir`` is given,
     in which case it is kept.
@@ -469,7 +588,7 @@ class Envoy:
 
     def __init__(
         self,
-        ext_proc: str,
+        ext_proc: str | Sequence[ExtProcReplica],
         *,
         options: EnvoyOptions = EnvoyOptions(),
         port: int | None = None,
@@ -480,7 +599,12 @@ class Envoy:
         start_timeout: float = DEFAULT_START_TIMEOUT_S,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT_S,
     ) -> None:
-        self.ext_proc_host, self.ext_proc_port = _split_host_port(ext_proc)
+        if isinstance(ext_proc, str):
+            ext_proc = [ExtProcReplica(ext_proc)]
+        if not ext_proc:
+            raise ValueError("Envoy needs at least one ext_proc address")
+        self.ext_proc_replicas = tuple(ext_proc)
+        self.ext_proc_host, self.ext_proc_port = _split_host_port(self.ext_proc_replicas[0].address)
         self.options = options
         self._fixed_port = port
         self._fixed_admin_port = admin_port
@@ -580,6 +704,7 @@ class Envoy:
             access_log_path=self.access_log_path,
             options=self.options,
             ext_proc_tls=self.ext_proc_tls,
+            ext_proc_replicas=self.ext_proc_replicas,
         )
 
     def _reserve(self) -> int:

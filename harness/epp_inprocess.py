@@ -19,7 +19,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from epp.api.types import NamespacedName
-from epp.config import DEFAULT_SCHEDULER, ProberConfig, ServerConfig
+from epp.config import (
+    DEFAULT_SCHEDULER,
+    DEFAULT_WATCH_BOOKMARK_INTERVAL,
+    ProberConfig,
+    ServerConfig,
+    WatchConfig,
+)
 from epp.k8s.client import KubeClient
 from epp.k8s.config import load_kubeconfig
 from epp.k8s.controllers import Controllers, Reconcilers
@@ -38,6 +44,8 @@ class EppSettings:
     refresh_interval: float = 0.05
     staleness_threshold: float = 2.0
     scheduler: str = DEFAULT_SCHEDULER  # "filter-tree" or "scorer" (the EPP's --scheduler)
+    # The EPP's --watchBookmarkInterval: fault tests shorten it to see dead watches replaced in seconds.
+    watch_bookmark_interval: float = DEFAULT_WATCH_BOOKMARK_INTERVAL
 
 
 class EppInProcess:
@@ -119,6 +127,7 @@ class EppInProcess:
             scheduler=replace(
                 base.scheduler, metrics_staleness_threshold=s.staleness_threshold, kind=s.scheduler
             ),
+            watch=WatchConfig(bookmark_interval=s.watch_bookmark_interval),
         )
 
     def _run_thread(self, started: Future[None]) -> None:
@@ -168,7 +177,13 @@ class EppInProcess:
         return Epp(
             config,
             registry=CollectorRegistry(),
-            controllers=lambda store: Controllers(client, store, pool, reconcilers=reconcilers),
+            controllers=lambda store: Controllers(
+                client,
+                store,
+                pool,
+                reconcilers=reconcilers,
+                bookmark_interval=config.watch.bookmark_interval,
+            ),
         )
 
     # ------------------------------------------------------------------ what tests read

@@ -56,6 +56,9 @@ class EppProcess:
             f"--debugPort={self.debug_port}",
             f"-v={self.verbosity}",
             f"--certPath={cert_dir}",
+            # No load balancer health-checks a harness EPP unless a test sets one up (and then passes
+            # its own delay): stopping need not wait for one to notice the drain.
+            "--shutdownDelay=0s",
             *self.extra_args,
         ]
         self._process = ManagedProcess(
@@ -97,6 +100,21 @@ class EppProcess:
             self._kept.close()
             self._ports.clear()
             self._cert_dir = None
+
+    def replica(self) -> EppProcess:
+        """Another EPP process (not started) for the same pool, with the same flags, environment and
+        serving certificate: a second pod of one Deployment, behind one Service name. Close it
+        before this one, which owns the certificate."""
+        other = EppProcess(
+            self.pool_name,
+            self.pool_namespace,
+            self.kubeconfig,
+            extra_args=list(self.extra_args),
+            extra_env=dict(self.extra_env),
+            verbosity=self.verbosity,
+        )
+        other._cert_dir, other._ca_pem = self._serving_certificate(), self._ca_pem
+        return other
 
     def _serving_certificate(self) -> Path:
         """`tls.crt`/`tls.key` for `server_name` from this EPP's own CA; made once, kept across restarts."""

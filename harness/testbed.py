@@ -21,6 +21,7 @@ from typing import Any
 
 from kubernetes import client
 
+from epp.config import DEFAULT_WATCH_BOOKMARK_INTERVAL
 from epp.k8s.controllers import Reconcilers
 from harness.cluster import DEFAULT_POOL, DEFAULT_PORT, Cluster, ClusterPod
 from harness.epp_inprocess import EppInProcess, EppSettings
@@ -49,8 +50,10 @@ class TestBed:
         refresh_interval: float = 0.05,
         staleness_threshold: float = 2.0,
         reconcilers: Reconcilers | None = None,
+        watch_bookmark_interval: float = DEFAULT_WATCH_BOOKMARK_INTERVAL,
     ) -> None:
-        """``reconcilers``: build the EPP with these instead of the production ones (see EppInProcess)."""
+        """``reconcilers``: build the EPP with these instead of the production ones (see EppInProcess).
+        ``watch_bookmark_interval``: the EPP's watch liveness interval (fault tests shorten it)."""
         self.namespace = namespace
         self.pool_name = pool_name
         self.settle_barrier = SettleBarrier()
@@ -65,6 +68,7 @@ class TestBed:
                 kubeconfig=kubeconfig,
                 refresh_interval=refresh_interval,
                 staleness_threshold=staleness_threshold,
+                watch_bookmark_interval=watch_bookmark_interval,
             ),
             reconcilers=reconcilers,
         )

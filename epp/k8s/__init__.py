@@ -6,7 +6,14 @@ Asyncio on aiohttp, read-only (list + watch). The `kubernetes` package is for th
 from epp.k8s.client import INFERENCE_MODELS, INFERENCE_POOLS, PODS, KubeClient, Resource, WatchEvent
 from epp.k8s.config import KubeConfig, load_config, load_incluster_config, load_kubeconfig
 from epp.k8s.controllers import Controllers
-from epp.k8s.errors import ApiError, GoneError, KubeConfigError, KubeConnectionError, KubeError
+from epp.k8s.errors import (
+    ApiError,
+    GoneError,
+    KubeConfigError,
+    KubeConnectionError,
+    KubeError,
+    WatchStalledError,
+)
 
 __all__ = [
     "INFERENCE_MODELS",
@@ -22,6 +29,7 @@ __all__ = [
     "KubeError",
     "Resource",
     "WatchEvent",
+    "WatchStalledError",
     "load_config",
     "load_incluster_config",
     "load_kubeconfig",

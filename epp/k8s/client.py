@@ -3,7 +3,15 @@
 Only what the informer needs: namespaced list (with paging) returning the collection's
 resourceVersion, and a streaming watch (JSON lines, bookmarks on) yielding typed events. Failures are
 typed (errors.py): a 410, as a status or as an ERROR event inside the stream, is `GoneError`, the
-informer's cue to relist. aiohttp exceptions never leave this module untranslated.
+informer's cue to relist; a watch that reads nothing for `idle_timeout` is `WatchStalledError`.
+aiohttp exceptions never leave this module untranslated.
+
+Every request gets a connection of its own (no keep-alive pool). A pooled HTTP/1.1 connection can be
+half-open — a peer or middlebox that went away without a FIN or RST — and nothing tells: TCP
+keepalive does not help when the dead hop is a proxy that still ACKs, and HTTP/1.1 has no ping (the
+reason client-go pings over HTTP/2). A fresh connection per request costs one TLS handshake per
+watch renewal (about one a minute per kind) and per list page, and no request ever starts on a dead
+connection.
 """
 
 from __future__ import annotations
@@ -20,16 +28,15 @@ from aiohttp.client_proto import ResponseHandler
 
 from epp.api.types import API_GROUP, API_VERSION
 from epp.k8s.config import KubeConfig
-from epp.k8s.errors import ApiError, GoneError, KubeConnectionError
+from epp.k8s.errors import ApiError, GoneError, KubeConnectionError, WatchStalledError
 
 JsonObject = dict[str, Any]
 ObjectList = list[JsonObject]
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
-DEFAULT_WATCH_TIMEOUT = 300.0
+# The server ends a watch after this many seconds (timeoutSeconds); see the informer's liveness rule.
+DEFAULT_WATCH_TIMEOUT = 60
 DEFAULT_PAGE_SIZE = 500
-# The server ends a watch after timeoutSeconds; a read silent for longer than that means a dead link.
-WATCH_READ_GRACE = 30.0
 # How long close() waits for connections a watch dropped mid-stream to finish closing (TLS shutdown).
 CLOSE_GRACE = 5.0
 USER_AGENT = "epp/0.1 (inference endpoint picker)"
@@ -78,7 +85,7 @@ class KubeClient:
         # Connections a watch abandoned mid-stream (cancelled, stopped early): aiohttp closes them
         # without waiting, and over TLS the close_notify exchange still needs the loop. `close()`
         # waits for them, so an owner that closes the loop next never leaves a half-closed socket.
-        self._closing: set[asyncio.Future[None]] = set()
+        self._closing: dict[asyncio.Future[None], asyncio.Transport] = {}
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -94,6 +101,10 @@ class KubeClient:
             await session.close()
         if self._closing:
             await asyncio.wait(set(self._closing), timeout=CLOSE_GRACE)
+        # Whatever is still closing has a peer that will not answer the TLS close: drop it.
+        for closed, transport in list(self._closing.items()):
+            transport.abort()
+            await asyncio.wait({closed}, timeout=CLOSE_GRACE)
 
     async def list(
         self,
@@ -125,27 +136,33 @@ class KubeClient:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
-        timeout_seconds: float = DEFAULT_WATCH_TIMEOUT,
+        timeout_seconds: int = DEFAULT_WATCH_TIMEOUT,
+        idle_timeout: float | None = None,
     ) -> AsyncGenerator[WatchEvent, None]:
-        """Stream events after `resource_version` until the server ends the watch.
+        """Stream events after `resource_version` until the server ends the watch (after
+        `timeout_seconds`, whole seconds, at least 1).
 
-        Close it with `contextlib.aclosing` when stopping early, so the connection is released.
+        A read that gets nothing for `idle_timeout` (default: twice `timeout_seconds`) raises
+        `WatchStalledError`: a live server would have ended the watch by then. Close the stream with
+        `contextlib.aclosing` when stopping early, so the connection is released.
         """
+        timeout_seconds = max(1, int(timeout_seconds))
+        idle = idle_timeout if idle_timeout is not None else 2.0 * timeout_seconds
         params = _selectors(label_selector, field_selector)
         params.update(
             watch="true",
             resourceVersion=resource_version,
             allowWatchBookmarks="true",
-            timeoutSeconds=str(int(timeout_seconds)),
+            timeoutSeconds=str(timeout_seconds),
         )
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=self._request_timeout, sock_read=timeout_seconds + WATCH_READ_GRACE
-        )
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._request_timeout, sock_read=idle)
         url = self._config.server + resource.path(namespace)
         handler: ResponseHandler | None = None
+        transport: asyncio.Transport | None = None
         try:
             async with self._session_get().get(url, params=params, timeout=timeout, **self._extra()) as resp:
                 handler = resp.connection.protocol if resp.connection is not None else None
+                transport = handler.transport if handler is not None else None
                 if resp.status != 200:
                     raise await _api_error(resp)
                 pending = bytearray()
@@ -158,24 +175,28 @@ class KubeClient:
                             yield _event(line)
                 if pending.strip():
                     yield _event(bytes(pending))
+        except aiohttp.SocketTimeoutError as exc:
+            # The connection is dead: abort it rather than wait on a TLS close nobody will answer.
+            if transport is not None:
+                transport.abort()
+            raise WatchStalledError(f"watch {url}: nothing read for {idle:g}s") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubeConnectionError(f"watch {url}: {exc!r}") from exc
         finally:
-            if handler is not None:
-                self._track_closing(handler)
+            if handler is not None and transport is not None:
+                self._track_closing(handler, transport)
 
-    def _track_closing(self, handler: ResponseHandler) -> None:
+    def _track_closing(self, handler: ResponseHandler, transport: asyncio.Transport) -> None:
         """Remember a connection still closing after its response ended (see `_closing`)."""
-        transport = handler.transport
-        if transport is not None and not transport.is_closing():
-            return  # back in the pool: the session's close waits for those
+        if handler.transport is not None and not transport.is_closing():
+            return  # still open: whoever holds it closes it
         closed = handler.closed  # None once the connection is fully gone
         if closed is not None and not closed.done():
-            self._closing.add(closed)
+            self._closing[closed] = transport
             closed.add_done_callback(self._closing_done)
 
     def _closing_done(self, closed: asyncio.Future[None]) -> None:
-        self._closing.discard(closed)
+        self._closing.pop(closed, None)
         if not closed.cancelled():
             # A stream we walked away from ends in a TLS error (data after close_notify): expected.
             closed.exception()
@@ -201,7 +222,9 @@ class KubeClient:
     def _session_get(self) -> aiohttp.ClientSession:
         # Created on first use so the client can be constructed outside the event loop.
         if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._config.ssl_context or True)
+            # force_close: a connection per request, never a pooled one that may be half-open
+            # (module docstring).
+            connector = aiohttp.TCPConnector(ssl=self._config.ssl_context or True, force_close=True)
             self._session = aiohttp.ClientSession(
                 connector=connector, headers={"Accept": "application/json", "User-Agent": USER_AGENT}
             )

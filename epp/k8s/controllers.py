@@ -33,18 +33,12 @@ from typing import Any, TypeVar
 
 from epp.api import ObjectReader
 from epp.api.types import InferenceModel, InferencePool, NamespacedName, PodObject
+from epp.config import DEFAULT_WATCH_BOOKMARK_INTERVAL
 from epp.controller import ModelReconciler, PodReconciler, PoolReconciler
 from epp.datastore import Datastore
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.cache_reader import CacheReader
-from epp.k8s.client import (
-    DEFAULT_WATCH_TIMEOUT,
-    INFERENCE_MODELS,
-    INFERENCE_POOLS,
-    PODS,
-    KubeClient,
-    Resource,
-)
+from epp.k8s.client import INFERENCE_MODELS, INFERENCE_POOLS, PODS, KubeClient, Resource
 from epp.k8s.informer import DEFAULT_RECONNECT_BACKOFF, Informer, InformerEvent, Parse, Sleep
 from epp.k8s.workqueue import DEFAULT_RETRY_BACKOFF, QueueShutDown, WorkQueue
 
@@ -92,6 +86,8 @@ class WatchProgress:
     queued: int
     processing: int
     retrying: int
+    relists: int = 0  # the resourceVersion was gone (410) and the kind was listed again
+    stalled_watches: int = 0  # watches replaced for reading nothing for two bookmark intervals
 
     @property
     def idle(self) -> bool:
@@ -107,7 +103,7 @@ class Controllers:
         *,
         reconnect_backoff: BackoffPolicy = DEFAULT_RECONNECT_BACKOFF,
         retry_backoff: BackoffPolicy = DEFAULT_RETRY_BACKOFF,
-        watch_timeout: float = DEFAULT_WATCH_TIMEOUT,
+        bookmark_interval: float = DEFAULT_WATCH_BOOKMARK_INTERVAL,
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
         reconcilers: Reconcilers | None = None,
@@ -124,7 +120,7 @@ class Controllers:
                 parse,
                 field_selector=field_selector,
                 backoff=reconnect_backoff,
-                watch_timeout=watch_timeout,
+                bookmark_interval=bookmark_interval,
                 sleep=sleep,
                 rng=rng,
             )
@@ -214,6 +210,8 @@ class _Lane:
             queued=len(queue),
             processing=queue.processing,
             retrying=queue.retrying,
+            relists=informer.relists,
+            stalled_watches=informer.stalled_watches,
         )
 
     async def work(self) -> None:

@@ -1,7 +1,8 @@
 """Errors of the Kubernetes client layer, so callers (the informer) can tell what to do next.
 
-`GoneError` means "your resourceVersion is too old: relist"; `KubeConnectionError` and other
-`ApiError`s mean "back off and try again". Transport exceptions from aiohttp are translated here,
+`GoneError` means "your resourceVersion is too old: relist"; `WatchStalledError` means "this
+watch's connection is dead: watch again at once"; `KubeConnectionError` and other `ApiError`s mean
+"back off and try again". Transport exceptions from aiohttp are translated here,
 at the boundary, and chained with `from`.
 """
 
@@ -18,6 +19,11 @@ class KubeConfigError(KubeError):
 
 class KubeConnectionError(KubeError):
     """The connection failed, timed out or was dropped mid-stream."""
+
+
+class WatchStalledError(KubeConnectionError):
+    """A watch read nothing (no event, no bookmark, no end) for longer than a live watch can stay
+    silent: the connection is dead or half-open. Replace the watch; the server is not to blame."""
 
 
 class ApiError(KubeError):

@@ -6,7 +6,18 @@ The reliability rules (DESIGN.md §2, client-go's reflector):
 - 410 Gone (status or ERROR event) relists, and objects missing from the new list are reported as
   DELETED, so a deletion that happened while disconnected is never lost;
 - any other failure (refused, dropped mid-stream, 5xx, a watch that closes at once with nothing in
-  it) reconnects after a capped, jittered exponential backoff;
+  it) reconnects after a capped, jittered exponential backoff, capped at 2 s so that a watch
+  resumes within about 2 s of the API server coming back (three kinds retrying at most every
+  2 s is nothing to an API server);
+- liveness (DESIGN.md §6: a watch proves it is alive or is replaced within two bookmark
+  intervals): each watch asks the server to end it after one `bookmark_interval` (timeoutSeconds,
+  spread over +0..25% so replicas do not renew in step; 60 s by default, kube-apiserver's bookmark
+  period). A live watch therefore shows a sign of life at least that often: an event, the bookmark
+  kube-apiserver sends 2 s before the deadline when its cache has moved on, or the server ending
+  the watch. A watch that reads nothing for two intervals is dead — typically a half-open
+  connection, which no TCP-level check sees when the dead hop is a proxy that still ACKs — and is
+  replaced at once, resuming from its resourceVersion (relisting only if that is gone). So a dead
+  watch costs at most two intervals of staleness, where it used to cost a 330 to 630 s read timeout;
 - the cache is updated before handlers run, so a reconciler triggered by an event reads at least
   that state;
 - the resourceVersion is recorded after handlers run, so whoever reads `resource_version` == X
@@ -26,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from epp.api.types import NamespacedName
+from epp.config import DEFAULT_WATCH_BOOKMARK_INTERVAL
 from epp.k8s.backoff import BackoffPolicy
-from epp.k8s.client import DEFAULT_WATCH_TIMEOUT, KubeClient, Resource, WatchEvent
-from epp.k8s.errors import GoneError, KubeError
+from epp.k8s.client import KubeClient, Resource, WatchEvent
+from epp.k8s.errors import GoneError, KubeError, WatchStalledError
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +51,14 @@ MODIFIED = "MODIFIED"
 DELETED = "DELETED"
 BOOKMARK = "BOOKMARK"
 
-DEFAULT_RECONNECT_BACKOFF = BackoffPolicy(initial=0.2, maximum=30.0, factor=2.0, jitter=0.2)
+DEFAULT_RECONNECT_BACKOFF = BackoffPolicy(initial=0.2, maximum=2.0, factor=2.0, jitter=0.2)
 # client-go's "very short watch": closed within this many seconds with no event is a failure.
 MIN_HEALTHY_WATCH = 1.0
+# Each watch's timeoutSeconds is the bookmark interval stretched by up to this fraction.
+WATCH_TIMEOUT_SPREAD = 0.25
+# A watch that reads nothing for this many bookmark intervals is dead.
+STALLED_AFTER_INTERVALS = 2.0
+LOG_EVERY_NTH_FAILURE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +86,7 @@ class Informer(Generic[T]):
         label_selector: str | None = None,
         field_selector: str | None = None,
         backoff: BackoffPolicy = DEFAULT_RECONNECT_BACKOFF,
-        watch_timeout: float = DEFAULT_WATCH_TIMEOUT,
+        bookmark_interval: float = DEFAULT_WATCH_BOOKMARK_INTERVAL,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
@@ -81,7 +98,7 @@ class Informer(Generic[T]):
         self._label_selector = label_selector
         self._field_selector = field_selector
         self._backoff = backoff
-        self._watch_timeout = watch_timeout
+        self._bookmark_interval = bookmark_interval
         self._sleep = sleep
         self._clock = clock
         self._rng = rng or random.Random()
@@ -91,6 +108,9 @@ class Informer(Generic[T]):
         self._resource_version = ""
         self._failures = 0
         self._synced = asyncio.Event()
+        # For the debug view: relists after the first (410 Gone), watches replaced as dead.
+        self._relists = 0
+        self._stalled_watches = 0
 
     @property
     def name(self) -> str:
@@ -131,6 +151,16 @@ class Informer(Generic[T]):
     def has_synced(self) -> bool:
         return self._synced.is_set()
 
+    @property
+    def relists(self) -> int:
+        """How many times the resourceVersion was gone (410) and the cache was relisted."""
+        return self._relists
+
+    @property
+    def stalled_watches(self) -> int:
+        """How many watches were replaced because they read nothing for two bookmark intervals."""
+        return self._stalled_watches
+
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
@@ -147,15 +177,22 @@ class Informer(Generic[T]):
                 await self._watch_once()
             except GoneError as exc:
                 log.info("%s: resourceVersion %s gone (%s): relist", self.name, self._resource_version, exc)
+                self._relists += 1
                 await self._relist()
+            except WatchStalledError as exc:
+                # Not the server's fault, nothing to back off from: watch again at once.
+                self._stalled_watches += 1
+                log.warning("%s: watch showed no sign of life (%s): replacing it", self.name, exc)
             except KubeError as exc:
                 await self._back_off(f"watch failed: {exc}")
 
     async def _watch_once(self) -> None:
         started = self._clock()
         received = False
-        # Random spread of the server-side timeout, so replicas do not all re-watch at once.
-        timeout = self._watch_timeout * (1.0 + self._rng.random())
+        interval = self._bookmark_interval
+        # Random spread of the server-side timeout, so replicas do not all re-watch at once; whole
+        # seconds, rounded down, so the server always ends the watch well inside the idle limit.
+        timeout = max(1, int(interval * (1.0 + WATCH_TIMEOUT_SPREAD * self._rng.random())))
         stream = self._client.watch(
             self._resource,
             self._namespace,
@@ -163,13 +200,15 @@ class Informer(Generic[T]):
             label_selector=self._label_selector,
             field_selector=self._field_selector,
             timeout_seconds=timeout,
+            idle_timeout=STALLED_AFTER_INTERVALS * interval,
         )
         async with contextlib.aclosing(stream):
             async for event in stream:
                 received = True
                 self._failures = 0
                 self._apply(event)
-        if not received and self._clock() - started < MIN_HEALTHY_WATCH:
+        # (Never as long as the watch was asked to last: a 1 s watch that ends after 1 s is healthy.)
+        if not received and self._clock() - started < min(MIN_HEALTHY_WATCH, timeout / 2):
             await self._back_off("watch closed at once without events")
 
     async def _relist(self) -> None:
@@ -188,8 +227,10 @@ class Informer(Generic[T]):
 
     async def _back_off(self, why: str) -> None:
         delay = self._backoff.delay(self._failures, self._rng)
+        # Retries come every 2 s at most while the API is away: warn on the first and every tenth.
+        level = logging.WARNING if self._failures % LOG_EVERY_NTH_FAILURE == 0 else logging.DEBUG
         self._failures += 1
-        log.warning("%s: %s; retrying in %.2fs", self.name, why, delay)
+        log.log(level, "%s: %s; retrying in %.2fs (failure %d)", self.name, why, delay, self._failures)
         await self._sleep(delay)
 
     # --- cache updates ------------------------------------------------------------------------

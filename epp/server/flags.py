@@ -7,7 +7,9 @@ frozen `ServerConfig`. Like Go's `flag` package, a flag may be written with one 
 `--debugPort`/`--debugBindAddress` are ours: the datastore debug view has its own listener, on
 127.0.0.1 unless asked otherwise (DESIGN.md §6). `--metricsBindAddress` (ours) puts /metrics alone on
 another address, e.g. loopback behind an authenticating proxy.
-`--maxRequestBodyBytes` is ours too (DESIGN.md §6: a request body has a size limit).
+`--maxRequestBodyBytes` is ours too (DESIGN.md §6: a request body has a size limit), and so are
+`--watchBookmarkInterval` (the watch liveness rule, DESIGN.md §6), `--shutdownDelay` and
+`--shutdownGracePeriod` (the drain on SIGTERM, DESIGN.md §4).
 `--refreshPrometheusMetricsInterval` is accepted for compatibility but has nothing to drive: pool
 gauges are computed at scrape time (epp.metrics.pool).
 
@@ -31,7 +33,15 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from epp import config as defaults
-from epp.config import ConfigError, MetricNames, ProberConfig, SchedulerConfig, ScorerWeights, ServerConfig
+from epp.config import (
+    ConfigError,
+    MetricNames,
+    ProberConfig,
+    SchedulerConfig,
+    ScorerWeights,
+    ServerConfig,
+    WatchConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +79,9 @@ _SOURCES = {
     "refresh_interval": "--refreshMetricsInterval",
     "refresh_prometheus_metrics_interval": "--refreshPrometheusMetricsInterval",
     "max_request_body_bytes": "--maxRequestBodyBytes",
+    "watch_bookmark_interval": "--watchBookmarkInterval",
+    "shutdown_delay": "--shutdownDelay",
+    "shutdown_grace_period": "--shutdownGracePeriod",
 }
 
 
@@ -111,6 +124,13 @@ def parse_go_duration(text: str) -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     return sign * total
+
+
+def _non_negative_duration(text: str) -> float:
+    seconds = parse_go_duration(text)
+    if seconds < 0:
+        raise ValueError(f"duration must not be negative, got {text!r}")
+    return seconds
 
 
 def _positive_duration(text: str) -> float:
@@ -260,6 +280,27 @@ def _parser() -> _Parser:
         default=defaults.DEFAULT_MAX_REQUEST_BODY_BYTES,
         help="Largest request body accepted (413 above it); bytes or 512Ki/16Mi/1Gi (not upstream).",
     )
+    wait = _typed(_non_negative_duration, "duration")
+    p.add_argument(
+        "--watchBookmarkInterval",
+        type=duration,
+        default=defaults.DEFAULT_WATCH_BOOKMARK_INTERVAL,
+        help="Each watch of the API ends after this long (+0..25%%) and one that reads nothing for "
+        "twice this long is replaced as dead (not upstream).",
+    )
+    p.add_argument(
+        "--shutdownDelay",
+        type=wait,
+        default=defaults.DEFAULT_SHUTDOWN_DELAY,
+        help="On SIGTERM, health says NOT_SERVING and ext_proc keeps serving this long, so load "
+        "balancers stop sending streams (not upstream).",
+    )
+    p.add_argument(
+        "--shutdownGracePeriod",
+        type=wait,
+        default=defaults.DEFAULT_SHUTDOWN_GRACE_PERIOD,
+        help="Then new streams are refused and those in flight get this long to finish (not upstream).",
+    )
     # controller-runtime's zap flags, as upstream's manifests pass them (see the module docstring).
     p.add_argument(
         "--zap-log-level", dest="zap_log_level", type=_typed(_zap_level, "zap level"), default=None
@@ -400,4 +441,7 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
         max_request_body_bytes=ns.maxRequestBodyBytes,
         scheduler=scheduler_config(environ, ns.metricsStalenessThreshold, ns.scheduler),
         prober=ProberConfig(refresh_interval=ns.refreshMetricsInterval, metric_names=names),
+        watch=WatchConfig(bookmark_interval=ns.watchBookmarkInterval),
+        shutdown_delay=ns.shutdownDelay,
+        shutdown_grace_period=ns.shutdownGracePeriod,
     )

@@ -1,8 +1,9 @@
 """gRPC health (`grpc.health.v1.Health`) on its own plaintext port, as upstream (§7.2).
 
-SERVING iff the datastore knows the pool. The requested service name is ignored on purpose:
-Kubernetes probes ask for `inference-extension`, and requiring the ext_proc service name broke them
-upstream (#788). `Watch` is not implemented; `List` reports the ext_proc service and "".
+SERVING iff the datastore knows the pool and the EPP is not draining (the runner passes that rule
+in). The requested service name is ignored on purpose: Kubernetes probes ask for
+`inference-extension`, and requiring the ext_proc service name broke them upstream (#788).
+`Watch` is not implemented; `List` reports the ext_proc service and "".
 """
 
 from __future__ import annotations

@@ -89,6 +89,8 @@ def _watch(w: WatchProgress) -> dict[str, Any]:
         "processing": w.processing,
         "retrying": w.retrying,
         "idle": w.idle,
+        "relists": w.relists,
+        "stalledWatches": w.stalled_watches,
     }
 
 

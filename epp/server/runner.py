@@ -9,6 +9,17 @@ opened, in that order, and leaves no task, thread or listening socket behind.
 
 Readiness is honest (STYLE habit 7): `wait_ready()` returns once the watches have synced and the pool
 is known, which is also when gRPC health turns SERVING.
+
+Two ways to end. `stop()` is immediate: tasks cancelled, streams in flight get `shutdown_grace`.
+`drain()` is what SIGTERM does (DESIGN.md §4: a replica drains, NOT_SERVING first): gRPC health
+turns NOT_SERVING at once while ext_proc keeps serving — watches, probes and routing all live — for
+`config.shutdown_delay`, so that load balancers (Envoy's active health checks, the kubelet's
+readiness probe and the EndpointSlice behind it) stop opening streams here; then the ext_proc server
+stops accepting streams (HTTP/2 GOAWAY; a stream that still arrives is refused, which Envoy may
+retry on another replica) and the streams in flight, which last as long as their responses, get
+`config.shutdown_grace_period` to finish; `stop()` follows. Measured with Envoy 1.40 and two
+replicas under 32 requests in flight (benchmarks/bench_epp_faults.py): no request fails. A second
+`request_stop()` (a second SIGTERM or Ctrl-C) cuts the drain short.
 """
 
 from __future__ import annotations
@@ -105,7 +116,7 @@ class Epp:
             client, pool_key = kube_client, NamespacedName(config.pool_namespace, config.pool_name)
 
             def watch_the_api(store: Datastore) -> ControllersLike:
-                return Controllers(client, store, pool_key)
+                return Controllers(client, store, pool_key, bookmark_interval=config.watch.bookmark_interval)
 
             controllers = watch_the_api
         self._controllers_factory = controllers
@@ -120,6 +131,10 @@ class Epp:
         self._certificate: bytes | None = None
         self._started = False
         self._stopped = False
+        self._stop_requested = False
+        self._draining = False
+        self._hurry = asyncio.Event()  # a second stop request: end the drain now
+        self._ext_proc_server: Any = None
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def __aenter__(self) -> Epp:
@@ -148,6 +163,7 @@ class Epp:
             return
         self._stopped = True
         await self._supervisor.stop()
+        self._ext_proc_server = None  # a grpc server object keeps its poller thread alive
         log.info("endpoint picker stopped")
 
     async def wait(self) -> None:
@@ -155,8 +171,72 @@ class Epp:
         await self._supervisor.wait()
 
     def request_stop(self) -> None:
-        """Signal-handler safe: wakes `wait()`; the caller then runs `stop()`."""
+        """Signal-handler safe: wakes `wait()`; the caller then runs `drain()` or `stop()`.
+
+        A second call while draining ends the drain at once (no more delay, streams cancelled).
+        """
+        if self._stop_requested:
+            self._hurry.set()
+            return
+        self._stop_requested = True
         self._supervisor.request_stop()
+
+    @property
+    def draining(self) -> bool:
+        """True from the start of `drain()`: gRPC health says NOT_SERVING."""
+        return self._draining
+
+    async def drain(self) -> None:
+        """NOT_SERVING first, serve `shutdown_delay` more, refuse new streams, give those in flight
+        `shutdown_grace_period`, then `stop()` (module docstring). Ends early if `request_stop()` is
+        called again, or if a supervised task fails (then raises its `TaskFailed`)."""
+        if not self._started or self._stopped:
+            return
+        config = self._config
+        self._draining = True
+        log.info(
+            "draining: health NOT_SERVING; still serving for %gs, then streams in flight get %gs",
+            config.shutdown_delay,
+            config.shutdown_grace_period,
+        )
+        if config.shutdown_delay > 0:
+            delay = asyncio.ensure_future(asyncio.sleep(config.shutdown_delay))
+            if not await self._until_hurried(delay):
+                delay.cancel()
+                await asyncio.gather(delay, return_exceptions=True)
+        if self._supervisor.failure is None and not self._hurry.is_set():
+            await self._finish_streams()
+        await self.stop()
+        if self._supervisor.failure is not None:
+            raise self._supervisor.failure  # a task died while draining: not a clean exit
+
+    async def _finish_streams(self) -> None:
+        """Refuse new ext_proc streams and wait for those in flight (the grace period)."""
+        server = self._ext_proc_server
+        if server is None:
+            return
+        log.info("draining: refusing new ext_proc streams; waiting for those in flight")
+        # grpc's stop(grace) must not be cancelled (that breaks its shutdown); a hurried drain
+        # calls stop(None) beside it, which cancels the streams, and both return.
+        graceful = asyncio.ensure_future(server.stop(self._config.shutdown_grace_period))
+        if not await self._until_hurried(graceful):
+            await server.stop(None)
+        await graceful
+
+    async def _until_hurried(self, work: asyncio.Future[Any]) -> bool:
+        """Wait for `work`; False if a second stop request or a task failure came first."""
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        failed = asyncio.ensure_future(self._supervisor.wait_failure())
+        try:
+            await asyncio.wait({work, hurry, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (hurry, failed):
+                waiter.cancel()
+            await asyncio.gather(hurry, failed, return_exceptions=True)
+        if work.done():
+            return True
+        log.warning("draining cut short")
+        return False
 
     async def wait_ready(self) -> None:
         """Until the watches have synced and the pool is known; raises if a task died meanwhile."""
@@ -261,7 +341,7 @@ class Epp:
         # order): streams in their grace period may still be scanning a body.
         sup.on_stop("body-scanner", servicer.aclose)
         await self._start_ext_proc(servicer)
-        await self._start_health(HealthServicer(store.pool_has_synced))
+        await self._start_health(HealthServicer(lambda: not self._draining and store.pool_has_synced()))
         metrics_address = config.metrics_bind_address or config.bind_address
         await self._start_http(
             "metrics-http", "metrics", metrics_app(self._registry), metrics_address, config.metrics_port
@@ -330,6 +410,7 @@ class Epp:
             await server.stop(None)
             raise
         await self._start_grpc("grpc-ext-proc", "grpc", server, port)
+        self._ext_proc_server = server
 
     async def _start_health(self, health: HealthServicer) -> None:
         server = grpc.aio.server(options=_grpc_options())

@@ -33,6 +33,7 @@ class Supervisor:
         self._stopping = False
         self._stopped = False
         self._wake = asyncio.Event()
+        self._failed = asyncio.Event()
 
     @property
     def failure(self) -> TaskFailed | None:
@@ -66,6 +67,12 @@ class Supervisor:
         await self._wake.wait()
         if self._failure is not None:
             raise self._failure
+
+    async def wait_failure(self) -> TaskFailed:
+        """Until a task fails (not merely until a stop is requested): what a drain watches for."""
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
 
     async def stop(self) -> None:
         """Cancel every task, await them all, then run the cleanups. Safe to call more than once."""
@@ -105,6 +112,7 @@ class Supervisor:
         log.error("%s; stopping every other task", failure, exc_info=failure.__cause__)
         if self._failure is None:
             self._failure = failure
+            self._failed.set()
         self._stopping = True
         for other in self._tasks.values():
             if not other.done():

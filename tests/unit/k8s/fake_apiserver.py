@@ -33,6 +33,7 @@ class Request:
     path: str
     query: dict[str, str]
     headers: dict[str, str]
+    peer_port: int = 0  # the client's port: one per connection
 
 
 @dataclass
@@ -55,7 +56,8 @@ class FakeApiServer:
         self.requests: list[Request] = []
         self.rv = 100
         # Scripted failures, consumed one per request of that verb: "gone", "gone-event", "drop:<n>"
-        # (close the connection after n events), "close" (end the watch at once), "500".
+        # (close the connection after n events), "close" (end the watch at once), "500", "hang"
+        # (a watch that sends its headers and then nothing, ever: a half-open connection's view).
         self.list_faults: deque[str] = deque()
         self.watch_faults: deque[str] = deque()
         self._ssl = ssl_context
@@ -138,9 +140,11 @@ class FakeApiServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         query = dict(request.query)
         watch = query.get("watch") in ("true", "1")
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
         self.requests.append(
-            Request("watch" if watch else "list", request.path, query, dict(request.headers))
-        )
+            Request("watch" if watch else "list", request.path, query, dict(request.headers),
+                    peer[1] if peer else 0)
+        )  # fmt: skip
         faults = self.watch_faults if watch else self.list_faults
         fault = faults.popleft() if faults else ""
         if fault == "500":
@@ -157,7 +161,17 @@ class FakeApiServer:
             return _status(410, "Expired", f"too old resource version: {since} ({coll.compacted})")
         if fault == "gone-event":
             return await self._gone_event(request)
+        if fault == "hang":
+            return await self._silent(request)
         return await self._watch(request, coll, query, since, fault)
+
+    async def _silent(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        while not self._closing:
+            changed = self._changed
+            await changed.wait()
+        return resp
 
     _gone_as_event = False
 

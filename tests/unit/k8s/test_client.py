@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from epp.k8s.client import INFERENCE_POOLS, PODS, KubeClient, WatchEvent
-from epp.k8s.errors import ApiError, GoneError, KubeConnectionError
+from epp.k8s.errors import ApiError, GoneError, KubeConnectionError, WatchStalledError
 from harness.builders import PodBuilder, PoolBuilder
 
 from .fake_apiserver import POD_PATH, POOL_PATH, FakeApiServer
@@ -150,3 +150,26 @@ def test_connection_refused_is_a_connection_error() -> None:
                     await client.list(PODS, "ns1")
 
         run(main)
+
+
+def test_a_watch_that_reads_nothing_for_the_idle_timeout_is_stalled() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.watch_faults.append("hang")
+            with pytest.raises(WatchStalledError, match=r"nothing read for 0\.3s"):
+                await drain(client.watch(PODS, "ns1", "1", timeout_seconds=1, idle_timeout=0.3))
+
+    run(main)
+
+
+def test_every_request_gets_a_connection_of_its_own() -> None:
+    """No keep-alive pool: a pooled connection could be half-open (client.py's docstring)."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            for _ in range(3):
+                await client.list(PODS, "ns1")
+            ports = {r.peer_port for r in server.requests}
+            assert len(ports) == 3, ports
+
+    run(main)

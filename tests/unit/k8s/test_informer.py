@@ -4,6 +4,7 @@ synthesized deletes, reconnect with backoff after a dropped connection, list ret
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -12,7 +13,7 @@ import pytest
 from epp.api import NamespacedName, PodObject
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import PODS, KubeClient
-from epp.k8s.informer import Informer, InformerEvent
+from epp.k8s.informer import DEFAULT_RECONNECT_BACKOFF, Informer, InformerEvent
 from harness.builders import PodBuilder
 from harness.eventually import eventually_async
 
@@ -49,7 +50,9 @@ class Harness:
     back off; a test about "very short" watches stops the clock.
     """
 
-    def __init__(self, server: FakeApiServer, client: KubeClient, clock_step: float) -> None:
+    def __init__(
+        self, server: FakeApiServer, client: KubeClient, clock_step: float, bookmark_interval: float = 60.0
+    ) -> None:
         self.server = server
         self.sleep = RecordingSleep()
         self.informer: Informer[PodObject] = Informer(
@@ -60,7 +63,8 @@ class Harness:
             backoff=NO_JITTER,
             sleep=self.sleep,
             clock=SteppingClock(clock_step),
-            watch_timeout=60,
+            bookmark_interval=bookmark_interval,
+            rng=random.Random(7),
         )
         self.events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self.cache_at_event: list[bool] = []
@@ -86,11 +90,13 @@ class Harness:
 
 @asynccontextmanager
 async def started(
-    setup: Callable[[FakeApiServer], None] = lambda s: None, clock_step: float = 10.0
+    setup: Callable[[FakeApiServer], None] = lambda s: None,
+    clock_step: float = 10.0,
+    bookmark_interval: float = 60.0,
 ) -> AsyncIterator[Harness]:
     async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
         setup(server)
-        h = Harness(server, client, clock_step)
+        h = Harness(server, client, clock_step, bookmark_interval)
         task = asyncio.create_task(h.informer.run(), name="test-informer")
         try:
             yield h
@@ -202,6 +208,7 @@ def test_gone_relists_and_synthesizes_deletes(as_event: bool) -> None:
             assert sorted(p.key.name for p in h.informer.objects()) == ["p2", "p5"]
             assert all(h.cache_at_event)
             assert h.sleep.delays == []  # a relist is not a failure
+            assert h.informer.relists == 1
 
     run(main)
 
@@ -281,3 +288,49 @@ def test_resource_version_is_recorded_only_after_the_handlers_ran() -> None:
             assert h.informer.resource_version == str(h.server.rv)
 
     run(main)
+
+
+def test_each_watch_asks_the_server_to_end_it_within_a_quarter_more_than_the_interval() -> None:
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            server.watch_faults.extend(["close"] * 5)
+
+        async with started(setup, bookmark_interval=60.0) as h:
+            await h.watch_count(6)
+            timeouts = [int(r.query["timeoutSeconds"]) for r in h.server.watches(POD_PATH)]
+            assert all(60 <= t <= 75 for t in timeouts), timeouts
+            assert len(set(timeouts)) > 1, "spread, so replicas do not renew their watches in step"
+
+    run(main)
+
+
+def test_a_watch_silent_for_two_intervals_is_replaced_at_once_and_resumes() -> None:
+    """A half-open connection: headers came, then nothing. Two intervals later the watch is replaced,
+    from the same resourceVersion, without backoff (the server is not to blame) and without a relist."""
+
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            two_pods(server)
+            server.watch_faults.append("hang")
+
+        async with started(setup, bookmark_interval=0.2) as h:  # idle limit 0.4 s
+            await h.next(2)
+            await h.watch_count(2)
+            first, second = h.server.watches(POD_PATH)[:2]
+            assert second.query["resourceVersion"] == first.query["resourceVersion"]
+            assert h.informer.stalled_watches == 1
+            h.server.upsert(POD_PATH, pod("p3"))
+
+            assert await h.next() == [("ADDED", "p3")]
+            assert h.sleep.delays == []
+            assert len(h.server.lists(POD_PATH)) == 1
+
+    run(main)
+
+
+def test_while_the_api_is_away_retries_come_at_least_every_two_seconds() -> None:
+    """So a watch resumes within about 2 s of the API server coming back, however long it was away."""
+    rng = random.Random(1)
+    delays = [DEFAULT_RECONNECT_BACKOFF.delay(attempt, rng) for attempt in range(64)]
+    assert max(delays) <= 2.0
+    assert delays[0] < 0.5, "the first retry is quick"

@@ -190,6 +190,10 @@ def test_bad_env_threshold_falls_back_to_default_and_logs(caplog: pytest.LogCapt
             id="staleness-shorter-than-refresh",
         ),
         pytest.param(["-maxRequestBodyBytes=0"], {}, "--maxRequestBodyBytes", id="no-body-allowed"),
+        pytest.param(["-watchBookmarkInterval=500ms"], {}, "--watchBookmarkInterval", id="watch-under-1s"),
+        pytest.param(["-watchBookmarkInterval=0"], {}, "watchBookmarkInterval", id="watch-zero"),
+        pytest.param(["-shutdownDelay=-1s"], {}, "shutdownDelay", id="negative-delay"),
+        pytest.param(["-shutdownGracePeriod=soon"], {}, "shutdownGracePeriod", id="grace-not-a-duration"),
     ],
 )
 def test_settings_that_cannot_work_are_a_clear_startup_error(
@@ -219,6 +223,17 @@ def test_settings_objects_refuse_meaningless_values(changes: dict[str, float]) -
 def test_the_refresh_interval_may_equal_the_staleness_threshold() -> None:
     config = parse_flags(["-poolName", "p", "-refreshMetricsInterval=2s"], {}).config
     assert config.prober.refresh_interval == config.scheduler.metrics_staleness_threshold == 2.0
+
+
+def test_watch_liveness_and_drain_flags() -> None:
+    default = parse_flags(["-poolName", "p"], {}).config
+    assert default.watch.bookmark_interval == defaults.DEFAULT_WATCH_BOOKMARK_INTERVAL == 60.0
+    assert (default.shutdown_delay, default.shutdown_grace_period) == (5.0, 120.0)
+
+    argv = ["-poolName", "p", "--watchBookmarkInterval=2s", "-shutdownDelay=0s", "-shutdownGracePeriod=1m"]
+    config = parse_flags(argv, {}).config
+    assert config.watch.bookmark_interval == 2.0
+    assert (config.shutdown_delay, config.shutdown_grace_period) == (0.0, 60.0)
 
 
 def test_request_body_limit_flag_sets_the_grpc_limit_too() -> None:

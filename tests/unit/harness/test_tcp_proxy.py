@@ -1,0 +1,106 @@
+"""The fault proxy: forwards both ways, freezes connections without closing them, cuts and restores."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import socketserver
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from harness.ports import LOOPBACK
+from harness.tcp_proxy import TcpProxy
+
+TIMEOUT_S = 5.0
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(4096):
+            self.request.sendall(data)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = True
+
+
+@pytest.fixture
+def echo() -> Iterator[int]:
+    server = _Server((LOOPBACK, 0), _Echo)
+    thread = threading.Thread(target=server.serve_forever, name="echo", daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(TIMEOUT_S)
+
+
+@pytest.fixture
+def proxy(echo: int) -> Iterator[TcpProxy]:
+    with TcpProxy(LOOPBACK, echo) as proxy:
+        yield proxy
+    gc.collect()  # an unclosed socket or transport would warn (warnings are errors) here
+
+
+def connect(proxy: TcpProxy) -> socket.socket:
+    sock = socket.create_connection((LOOPBACK, proxy.port), timeout=TIMEOUT_S)
+    return sock
+
+
+def echoes(sock: socket.socket, data: bytes = b"ping") -> bool:
+    sock.sendall(data)
+    return sock.recv(4096) == data
+
+
+def test_forwards_both_ways_and_counts_connections(proxy: TcpProxy) -> None:
+    with connect(proxy) as a, connect(proxy) as b:
+        assert echoes(a)
+        assert echoes(b, b"pong")
+    assert proxy.accepted == 2
+
+
+def test_freeze_stops_forwarding_but_keeps_the_connection_open(proxy: TcpProxy) -> None:
+    with connect(proxy) as frozen:
+        assert echoes(frozen)
+        assert proxy.freeze() == 1
+
+        frozen.settimeout(0.5)
+        frozen.sendall(b"anyone?")  # the proxy's kernel still accepts the bytes ...
+        with pytest.raises(TimeoutError):
+            frozen.recv(4096)  # ... but nothing comes back, and no end of stream either
+
+        with connect(proxy) as fresh:  # a new connection reaches the server again
+            assert echoes(fresh)
+
+
+def test_cut_closes_and_refuses_until_restored(proxy: TcpProxy) -> None:
+    with connect(proxy) as open_one:
+        assert echoes(open_one)
+        assert proxy.cut() == 1
+        assert open_one.recv(4096) == b"", "the open connection was closed"
+    with pytest.raises(ConnectionRefusedError):
+        connect(proxy)
+
+    proxy.restore()
+    with connect(proxy) as again:
+        assert echoes(again)
+
+
+def test_stop_closes_frozen_connections(echo: int) -> None:
+    proxy = TcpProxy(LOOPBACK, echo).start()
+    client = connect(proxy)
+    try:
+        assert echoes(client)
+        proxy.freeze()
+        proxy.stop()
+        assert client.recv(4096) == b"", "stopping the proxy closes what it froze"
+    finally:
+        client.close()
+        proxy.stop()
+    gc.collect()
