@@ -18,10 +18,11 @@ system time of the EPP process, all its threads, and of its Envoy) over each mea
 end. Prints figures, asserts nothing. Targets (issue 13): ours ≤ upstream on added latency, ≥ on
 requests/s at 32 in flight.
 
-    .venv/bin/python benchmarks/bench_e2e_latency.py                         # ours only
-    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-upstream      # + upstream v0.3.0 (harness build --upstream-epp v0.3.0)
+    .venv/bin/python benchmarks/bench_e2e_latency.py                      # ours only
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-upstream   # + upstream v0.3.0 (built
+                                                  # first: harness build --upstream-epp v0.3.0)
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-epp-command "/opt/my-epp -flag=x"
-    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-tree /tmp/epp-main   # ours from another checkout
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-tree /tmp/epp-main  # another checkout
 """
 
 from __future__ import annotations
@@ -233,12 +234,14 @@ def report(stats: dict[str, PathStats], paths: dict[str, Path_]) -> None:
         )
     print("  (+p50, +p99: added to the Envoy-only path by ext_proc and the EPP)")
     print(
-        f"\n{f'Throughput at {HIGH_CONCURRENCY} in flight':<{width + 2}}{'req/s':>10} {'vs direct':>10} {'n':>7} {'errors':>7}"
+        f"\n{f'Throughput at {HIGH_CONCURRENCY} in flight':<{width + 2}}"
+        f"{'req/s':>10} {'vs direct':>10} {'n':>7} {'errors':>7}"
     )
     for name, s in stats.items():
         ratio = s.throughput / direct.throughput if direct.throughput else float("nan")
         print(
-            f"  {labels[name]:<{width}}{s.throughput:10.0f} {ratio:10.2f} {s.c32_requests:7d} {s.c32_errors:7d}"
+            f"  {labels[name]:<{width}}{s.throughput:10.0f} {ratio:10.2f} "
+            f"{s.c32_requests:7d} {s.c32_errors:7d}"
         )
     epps = [name for name in stats if paths[name].is_epp]
     print(
@@ -248,7 +251,8 @@ def report(stats: dict[str, PathStats], paths: dict[str, Path_]) -> None:
     for name in epps:
         s = stats[name]
         print(
-            f"  {labels[name]:<{width}}{s.cpu_us_per_request('c1', 0):8.0f} {s.cpu_us_per_request('c32', 0):8.0f} "
+            f"  {labels[name]:<{width}}"
+            f"{s.cpu_us_per_request('c1', 0):8.0f} {s.cpu_us_per_request('c32', 0):8.0f} "
             f"{s.cpu_us_per_request('c1', 1):9.0f} {s.cpu_us_per_request('c32', 1):10.0f} "
             f"{s.rss_mib:7.1f}Mi {s.hwm_mib:5.1f}Mi"
         )
@@ -300,7 +304,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[],
         metavar="CMD",
         help="also measure this command line of our EPP (our flags too), e.g. "
-        "\"python -m epp --extProcTransport=grpcio\" (repeatable)",
+        '"python -m epp --extProcTransport=grpcio" (repeatable)',
     )
     parser.add_argument(
         "--compare-ours-tree",
@@ -317,7 +321,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def short_label(command_line: str) -> str:
     """A command line as a row label: program names without their directories."""
-    words = [Path(word).name if "/" in word and not word.startswith("-") else word for word in shlex.split(command_line)]
+    words = [
+        Path(word).name if "/" in word and not word.startswith("-") else word
+        for word in shlex.split(command_line)
+    ]
     return " ".join(words)
 
 
@@ -360,7 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         stack_of.enter_context(simulator)
         stack = stack_of.enter_context(Stack(plane.access, options))
-        assert stack.bed is not None and stack.envoy is not None and stack.epp is not None
+        assert stack.bed is not None
+        assert stack.envoy is not None
+        assert stack.epp is not None
         pod = PodBuilder(POD).namespace(NAMESPACE).labels({"app": POOL}).build()
         stack.bed.kubelet.start(NAMESPACE, pod, ip)
         stack.wait_pods_scraped(1)

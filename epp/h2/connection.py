@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import traceback
 import types
@@ -525,15 +526,13 @@ class Connection(asyncio.Protocol):
         task = asyncio.get_running_loop().create_task(self._run_suspended(stream, coro, pending))
         stream.task = task
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._suspended_done, stream, coro))
 
     async def _run_suspended(self, stream: _Stream, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
         try:
             result = await _continue(coro, pending)
         except asyncio.CancelledError:
-            stream.task = None
-            self._release(stream)
-            raise
+            raise  # `_suspended_done` cleans up
         except BaseException as exc:
             stream.task = None
             self._out = []
@@ -542,15 +541,35 @@ class Connection(asyncio.Protocol):
             stream.task = None
             self._out = []
             self._reply(stream, result)
-        if stream.close_after_task:
-            self._release(stream)
         try:
+            if stream.close_after_task:
+                self._release(stream)
             while stream.queue and stream.task is None and not stream.finished:
                 self._message(stream, stream.queue.popleft())
             if stream.remote_closed and stream.task is None and not stream.finished:
                 self._finish(stream, OK, "")
         finally:
             self._flush_out()
+
+    def _suspended_done(
+        self, stream: _Stream, coro: Coroutine[Any, Any, Any], task: asyncio.Task[None]
+    ) -> None:
+        """After a suspended handle: when it was cancelled (the stream or connection went away),
+        possibly before the task ever ran, the handler's coroutine is unwound here and closed."""
+        self._tasks.discard(task)
+        if stream.task is task:
+            stream.task = None
+        if not task.cancelled():
+            return
+        try:
+            coro.throw(asyncio.CancelledError())
+        except (asyncio.CancelledError, StopIteration):
+            pass
+        except Exception as exc:
+            log.error("a cancelled gRPC stream handler failed:\n%s", "".join(traceback.format_exception(exc)))
+        finally:
+            coro.close()
+        self._release(stream)
 
     def _handler_failed(self, stream: _Stream, exc: BaseException) -> None:
         if isinstance(exc, StreamError):

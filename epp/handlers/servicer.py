@@ -50,8 +50,9 @@ class _H2Stream:
         try:
             return await self._stream.handle(message)
         except ProtocolError as exc:
-            log.warning("ext_proc protocol error: %s", exc)
-            raise StreamError(_INVALID_ARGUMENT, str(exc)) from None
+            problem = str(exc)  # logged as text: a record holding the exception would keep its frames
+        log.warning("ext_proc protocol error: %s", problem)
+        raise StreamError(_INVALID_ARGUMENT, problem)
 
     def close(self) -> None:
         self._stream.close()
