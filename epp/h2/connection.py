@@ -25,7 +25,7 @@ import functools
 import logging
 import traceback
 import types
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
 
@@ -44,6 +44,7 @@ RESOURCE_EXHAUSTED: Final = 8
 UNIMPLEMENTED: Final = 12
 
 _GRPC_PREFIX_BYTES: Final = 5
+_HEADER_CACHE_BLOCKS: Final = 16
 
 
 class StreamError(Exception):
@@ -162,6 +163,7 @@ class Connection(asyncio.Protocol):
         self._inbuf = bytearray()
         self._preface_seen = False
         self._decoder = Decoder(max_header_list_size=limits.max_header_list_bytes)
+        self._header_cache: dict[bytes, Sequence[tuple[bytes, bytes]]] = {}
         self._streams: dict[int, _Stream] = {}
         self._out: list[bytes] | None = None  # frames of the current pass, written once at its end
         self._header_block: bytearray | None = None  # HEADERS awaiting CONTINUATION
@@ -408,10 +410,7 @@ class Connection(asyncio.Protocol):
     def _headers_complete(self) -> None:
         block, self._header_block = bytes(self._header_block or b""), None
         stream_id, end_stream = self._header_stream, self._header_end_stream
-        try:
-            headers = self._decoder.decode(block, raw=True)
-        except HPACKError as exc:  # the decoder's table may be out of step: the connection is lost
-            raise ConnectionError_(f.COMPRESSION_ERROR, f"undecodable header block: {exc}") from None
+        headers = self._decode(block)
         stream = self._streams.get(stream_id)
         if stream is not None:  # trailers from the client: only END_STREAM matters
             if not end_stream or stream.remote_closed:
@@ -443,6 +442,28 @@ class Connection(asyncio.Protocol):
         self.idle.clear()
         if end_stream:
             self._remote_end(stream)
+
+    def _decode(self, block: bytes) -> Sequence[tuple[bytes, bytes]]:
+        """HPACK-decode ``block``, remembering blocks that leave the dynamic table as it was.
+
+        Envoy opens every ext_proc stream with the same block (``:path`` and ``:authority`` as literals
+        it never indexes, the rest as references to its table), so decoding it once per table state
+        saves the Huffman decoding of every stream. A block that changes the table clears the cache.
+        """
+        cached = self._header_cache.get(block)
+        if cached is not None:
+            return cached
+        table = self._decoder.header_table
+        before = (table.maxsize, tuple(table.dynamic_entries))
+        try:
+            headers = tuple(self._decoder.decode(block, raw=True))
+        except HPACKError as exc:  # the decoder's table may be out of step: the connection is lost
+            raise ConnectionError_(f.COMPRESSION_ERROR, f"undecodable header block: {exc}") from None
+        if (table.maxsize, tuple(table.dynamic_entries)) != before:
+            self._header_cache.clear()
+        elif len(self._header_cache) < _HEADER_CACHE_BLOCKS:
+            self._header_cache[block] = headers
+        return headers
 
     # --- data --------------------------------------------------------------------------------------
     def _on_data(self, stream_id: int, flags: int, payload: memoryview) -> None:

@@ -13,7 +13,7 @@ import pytest
 from epp.h2 import frames as f
 from epp.h2.connection import Connection, Limits, StreamError
 
-from .support import FakeTransport, Script, Wire, frames_in, goaway_code, grpc_message, header_block
+from .support import PATH, FakeTransport, Script, Wire, frames_in, goaway_code, grpc_message, header_block
 
 
 def test_a_stream_gets_each_reply_in_order_then_ok_trailers() -> None:
@@ -354,3 +354,28 @@ def test_a_broken_stream_does_not_end_the_connection() -> None:
     wire.send(other, b"two", end=True)
     wire.pump()
     assert wire.results[other].replies == [b"re:two"]
+
+
+def test_a_header_block_repeated_after_the_table_changed_is_decoded_again() -> None:
+    """Decoded blocks are remembered only while the HPACK table stays as it was (Envoy's blocks repeat)."""
+    path, other = PATH.encode(), b"/other.Service/Method"
+
+    def indexed_path(value: bytes) -> bytes:  # ":path: value", literal with incremental indexing
+        return b"\x44" + bytes([len(value)]) + value
+
+    first = b"\x83\x86" + indexed_path(path)  # adds (:path, PATH) as dynamic entry 62
+    repeat = b"\x83\x86\xbe"  # :method POST, :scheme http, dynamic entry 62
+    wire = Wire()
+    for stream_id, block in (
+        (1, first),
+        (3, repeat),
+        (5, repeat),
+        (7, b"\x83\x86" + indexed_path(other)),
+        (9, repeat),
+    ):
+        wire.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, block))
+    assert len(wire.recorder.handlers) == 3  # streams 1, 3, 5; stream 7 named another method...
+    unimplemented = [
+        sid for kind, _, sid, payload in frames_in(wire.transport.take()) if b"grpc-status\x0212" in payload
+    ]
+    assert unimplemented == [7, 9]  # ...and so did stream 9: entry 62 is now that path
