@@ -1,36 +1,49 @@
-"""What the EPP adds on the data path: Envoy → simulator direct vs Envoy + ext_proc/EPP → simulator.
+"""What an EPP adds on the data path, ours and others side by side in one run.
 
-One run on this machine, all paths against the same simulated vLLM pod:
+All paths go to the same simulated vLLM pod:
 - ``client -> simulator``: no Envoy at all (context only);
-- ``Envoy -> simulator``: an Envoy whose bootstrap has no ext_proc filter and a STATIC upstream
-  (``EnvoyOptions(direct_upstream=...)``);
-- ``Envoy + EPP -> simulator``: the real data path of ``harness.stack.Stack``: ext_proc to the EPP
-  process (TLS), which picks the pod from its datastore (control plane, pool, model, pod).
+- ``Envoy -> simulator``: an Envoy without the ext_proc filter and a STATIC upstream
+  (``EnvoyOptions(direct_upstream=...)``): the baseline every EPP's added latency is measured from;
+- ``Envoy + EPP -> simulator``: our EPP process behind its Envoy, exactly as ``harness.stack.Stack``
+  runs it (control plane, pool, model, pod; ext_proc over verified TLS);
+- one more path per ``--compare-*`` option: another EPP command line (``harness.foreign_epp``),
+  watching the same pool, behind an Envoy of its own configured as that EPP documents (upstream's
+  manifests: request headers SEND, body BUFFERED, response SKIP).
 
 The simulator is a pod the node agent runs (its own process) with a tiny ``time_scale`` and enough
-slots that it is never the bottleneck. Load comes from aiohttp in this process: latency at 1 request
-in flight (p50/p99; the EPP's added latency is the difference to the direct path) and throughput at
-32 in flight (as a ratio of the direct path). Rounds alternate the order of the paths so drift hits
-both. Prints figures, asserts nothing. Targets (issue 5): ≤ 1.5 ms added at p50; ratio ≥ 0.15.
+slots never to be the bottleneck. Load comes from aiohttp in this process: latency at 1 request in
+flight (p50/p99; an EPP's added latency is the difference to the direct Envoy) and throughput at 32
+in flight. Rounds alternate the order of the paths so drift hits all alike. CPU per request is read
+from /proc (user + system time of the EPP process, all its threads, and of its Envoy) over each
+measurement; RSS at the end. Prints figures, asserts nothing. Targets (issue 13): ours ≤ upstream on
+added latency, ≥ on requests/s at 32 in flight.
 
-    .venv/bin/python benchmarks/bench_e2e_latency.py [--c1-requests 1000] [--c32-requests 3000]
+    .venv/bin/python benchmarks/bench_e2e_latency.py                      # ours only
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-upstream   # + upstream v0.3.0 (built
+                                                  # first: harness build --upstream-epp v0.3.0)
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-epp-command "/opt/my-epp -flag=x"
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-tree /tmp/epp-main  # another checkout
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 
 from harness.controlplane import ControlPlane
 from harness.envoy import Envoy, EnvoyOptions
+from harness.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
 from harness.sim import SimConfig
 from harness.stack import BASE_MODEL, ModelSpec, Stack, StackOptions
 
@@ -44,6 +57,42 @@ HEADERS = {"Content-Type": "application/json"}
 HIGH_CONCURRENCY = 32
 # The ext_proc cluster of the direct Envoy is defined but never called.
 UNUSED_EXT_PROC = "127.0.0.1:9"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of process ``pid`` (every thread), from /proc; 0 when it is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14 and 15)
+
+
+def memory_mib(pid: int | None) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MiB."""
+    values = {"VmRSS": 0.0, "VmHWM": 0.0}
+    if pid is None:
+        return values["VmRSS"], values["VmHWM"]
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in values:
+                values[key] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+@dataclass
+class Path_:
+    """One way to the simulator: its URL, a label, and the processes whose CPU it costs."""
+
+    url: str
+    label: str
+    epp_pid: int | None = None
+    envoy_pid: int | None = None
+    is_epp: bool = False
 
 
 @dataclass
@@ -53,15 +102,37 @@ class PathStats:
     c32_requests: int = 0
     c32_errors: int = 0
     c32_seconds: float = 0.0
+    # CPU seconds spent while measuring, per phase: (EPP, Envoy)
+    c1_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    c32_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    rss_mib: float = 0.0
+    hwm_mib: float = 0.0
 
     def percentile_ms(self, q: float) -> float:
         ordered = sorted(self.latencies_s)
+        if not ordered:
+            return float("nan")
         index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))
         return 1000 * ordered[index]
 
     @property
     def throughput(self) -> float:
         return self.c32_requests / self.c32_seconds if self.c32_seconds else 0.0
+
+    def cpu_us_per_request(self, phase: str, which: int) -> float:
+        cpu = self.c1_cpu if phase == "c1" else self.c32_cpu
+        count = (
+            len(self.latencies_s) + self.c1_errors if phase == "c1" else self.c32_requests + self.c32_errors
+        )
+        return 1e6 * cpu[which] / count if count else float("nan")
+
+
+@contextlib.contextmanager
+def cpu_meter(path: Path_, into: list[float]) -> Iterator[None]:
+    before = (cpu_seconds(path.epp_pid), cpu_seconds(path.envoy_pid))
+    yield
+    into[0] += cpu_seconds(path.epp_pid) - before[0]
+    into[1] += cpu_seconds(path.envoy_pid) - before[1]
 
 
 async def one(session: aiohttp.ClientSession, url: str) -> bool:
@@ -111,47 +182,96 @@ async def warm_up(url: str, count: int) -> None:
         await asyncio.gather(*(one(session, url) for _ in range(count)))
 
 
-async def run_rounds(urls: dict[str, str], args: argparse.Namespace) -> dict[str, PathStats]:
-    stats = {name: PathStats() for name in urls}
-    for url in urls.values():
-        await warm_up(url, args.warmup)
-    names = list(urls)
+async def run_rounds(paths: dict[str, Path_], args: argparse.Namespace) -> dict[str, PathStats]:
+    stats = {name: PathStats() for name in paths}
+    for path in paths.values():
+        await warm_up(path.url, args.warmup)
+    names = list(paths)
     for round_index in range(args.rounds):
-        order = names if round_index % 2 == 0 else names[::-1]
+        # Rotate (not only reverse) so that with several EPPs none is always first or last.
+        shift = round_index % len(names)
+        order = names[shift:] + names[:shift]
+        if round_index % 2:
+            order.reverse()
         for name in order:
-            await measure_c1(urls[name], args.c1_requests // args.rounds, args.max_seconds, stats[name])
+            with cpu_meter(paths[name], stats[name].c1_cpu):
+                await measure_c1(
+                    paths[name].url, args.c1_requests // args.rounds, args.max_seconds, stats[name]
+                )
         for name in order:
-            await measure_throughput(
-                urls[name], args.c32_requests // args.rounds, args.max_seconds, stats[name]
-            )
+            with cpu_meter(paths[name], stats[name].c32_cpu):
+                await measure_throughput(
+                    paths[name].url, args.c32_requests // args.rounds, args.max_seconds, stats[name]
+                )
+    for name, path in paths.items():
+        stats[name].rss_mib, stats[name].hwm_mib = memory_mib(path.epp_pid)
     return stats
 
 
-def report(stats: dict[str, PathStats], labels: dict[str, str]) -> None:
+def report(stats: dict[str, PathStats], paths: dict[str, Path_]) -> None:
+    labels = {name: path.label for name, path in paths.items()}
     width = max(len(label) for label in labels.values()) + 2
+    direct = stats["direct"]
     print(
         f"\n{'Latency at 1 request in flight (ms)':<{width + 2}}"
-        f"{'p50':>7} {'p99':>7} {'mean':>7} {'n':>6} {'errors':>7}"
+        f"{'p50':>7} {'p99':>7} {'mean':>7} {'+p50':>7} {'+p99':>7} {'n':>6} {'errors':>7}"
     )
     for name, s in stats.items():
         mean = 1000 * statistics.fmean(s.latencies_s) if s.latencies_s else float("nan")
+        added = ""
+        if paths[name].is_epp:
+            added = (
+                f"{s.percentile_ms(50) - direct.percentile_ms(50):+7.2f} "
+                f"{s.percentile_ms(99) - direct.percentile_ms(99):+7.2f}"
+            )
+        else:
+            added = f"{'':>7} {'':>7}"
         print(
-            f"  {labels[name]:<{width}}{s.percentile_ms(50):7.2f} {s.percentile_ms(99):7.2f} {mean:7.2f}"
-            f" {len(s.latencies_s):6d} {s.c1_errors:7d}"
+            f"  {labels[name]:<{width}}{s.percentile_ms(50):7.2f} {s.percentile_ms(99):7.2f} {mean:7.2f} "
+            f"{added} {len(s.latencies_s):6d} {s.c1_errors:7d}"
         )
-    direct, epp = stats["direct"], stats["epp"]
-    added_p50 = epp.percentile_ms(50) - direct.percentile_ms(50)
-    added_p99 = epp.percentile_ms(99) - direct.percentile_ms(99)
+    print("  (+p50, +p99: added to the Envoy-only path by ext_proc and the EPP)")
     print(
-        f"  added by ext_proc + EPP: p50 {added_p50:+.2f} ms, p99 {added_p99:+.2f} ms  (target: p50 <= 1.5)"
-    )
-    print(
-        f"\n{f'Throughput at {HIGH_CONCURRENCY} in flight':<{width + 2}}{'req/s':>10} {'n':>7} {'errors':>7}"
+        f"\n{f'Throughput at {HIGH_CONCURRENCY} in flight':<{width + 2}}"
+        f"{'req/s':>10} {'vs direct':>10} {'n':>7} {'errors':>7}"
     )
     for name, s in stats.items():
-        print(f"  {labels[name]:<{width}}{s.throughput:10.0f} {s.c32_requests:7d} {s.c32_errors:7d}")
-    ratio = epp.throughput / direct.throughput if direct.throughput else float("nan")
-    print(f"  Envoy + EPP as a ratio of Envoy direct: {ratio:.2f}   (target: >= 0.15)")
+        ratio = s.throughput / direct.throughput if direct.throughput else float("nan")
+        print(
+            f"  {labels[name]:<{width}}{s.throughput:10.0f} {ratio:10.2f} "
+            f"{s.c32_requests:7d} {s.c32_errors:7d}"
+        )
+    epps = [name for name in stats if paths[name].is_epp]
+    print(
+        f"\n{'CPU per request (µs) and memory':<{width + 2}}"
+        f"{'EPP c1':>8} {'EPP c32':>8} {'Envoy c1':>9} {'Envoy c32':>10} {'EPP RSS':>9} {'peak':>7}"
+    )
+    for name in epps:
+        s = stats[name]
+        print(
+            f"  {labels[name]:<{width}}"
+            f"{s.cpu_us_per_request('c1', 0):8.0f} {s.cpu_us_per_request('c32', 0):8.0f} "
+            f"{s.cpu_us_per_request('c1', 1):9.0f} {s.cpu_us_per_request('c32', 1):10.0f} "
+            f"{s.rss_mib:7.1f}Mi {s.hwm_mib:5.1f}Mi"
+        )
+    ours = stats["epp"]
+    for name in epps:
+        if name == "epp":
+            continue
+        other = stats[name]
+        ours_p50 = ours.percentile_ms(50) - direct.percentile_ms(50)
+        other_p50 = other.percentile_ms(50) - direct.percentile_ms(50)
+        ours_p99 = ours.percentile_ms(99) - direct.percentile_ms(99)
+        other_p99 = other.percentile_ms(99) - direct.percentile_ms(99)
+        ratio = ours.throughput / other.throughput if other.throughput else float("nan")
+        print(
+            f"\nours vs {labels[name]}: added p50 {ours_p50:+.2f} vs {other_p50:+.2f} ms "
+            f"({'holds' if ours_p50 <= other_p50 else 'misses'}: ours <= theirs), "
+            f"added p99 {ours_p99:+.2f} vs {other_p99:+.2f} ms "
+            f"({'holds' if ours_p99 <= other_p99 else 'misses'}), "
+            f"req/s at {HIGH_CONCURRENCY} {ours.throughput:.0f} vs {other.throughput:.0f} = {ratio:.2f}x "
+            f"({'holds' if ratio >= 1 else 'misses'}: >= 1)"
+        )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -162,13 +282,74 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds the counts are split over")
     parser.add_argument("--max-seconds", type=float, default=30.0, help="cap of one measurement of one path")
     parser.add_argument("--time-scale", type=float, default=0.001, help="simulator time scale")
+    parser.add_argument(
+        "--compare-epp-command",
+        action="append",
+        default=[],
+        metavar="CMD",
+        help="also measure this EPP command line (upstream flag names; repeatable)",
+    )
+    parser.add_argument(
+        "--compare-upstream",
+        nargs="?",
+        const="0.3.0",
+        metavar="VERSION",
+        help="also measure upstream's Go EPP (default v0.3.0; `harness build --upstream-epp v0.3.0` first)",
+    )
+    parser.add_argument(
+        "--compare-ours-command",
+        action="append",
+        default=[],
+        metavar="CMD",
+        help="also measure this command line of our EPP (our flags too), e.g. "
+        '"python -m epp --extProcTransport=grpcio" (repeatable)',
+    )
+    parser.add_argument(
+        "--compare-ours-tree",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="also measure our EPP from another checkout (e.g. `git worktree add /tmp/epp-main main`), "
+        "behind the Envoy configuration that checkout's harness builds (repeatable)",
+    )
+    parser.add_argument("--no-sim-path", action="store_true", help="skip the client -> simulator path")
     return parser.parse_args(argv)
+
+
+def short_label(command_line: str) -> str:
+    """A command line as a row label: program names without their directories."""
+    words = [
+        Path(word).name if "/" in word and not word.startswith("-") else word
+        for word in shlex.split(command_line)
+    ]
+    return " ".join(words)
+
+
+def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyOptions]]:
+    """Each other EPP and the Envoy options it runs behind."""
+    commands: list[tuple[EppCommand, EnvoyOptions]] = []
+    upstream_envoy = EnvoyOptions(log_level="warning")
+    if args.compare_upstream:
+        commands.append((EppCommand.upstream(args.compare_upstream), upstream_envoy))
+    for line in args.compare_epp_command:
+        commands.append((EppCommand.parse(line, label=short_label(line)), upstream_envoy))
+    for line in args.compare_ours_command:
+        commands.append((EppCommand.parse(line, dialect="ours", label=short_label(line)), upstream_envoy))
+    for tree in args.compare_ours_tree:
+        tree = tree.resolve()
+        command = EppCommand(
+            ("env", f"PYTHONPATH={tree}", sys.executable, "-m", "epp"), "ours", (), f"epp at {tree.name}"
+        )
+        commands.append((command, upstream_envoy))
+    return commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    compared = compared_commands(args)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (others' work counts too)")
-    with ControlPlane() as plane:
+    with contextlib.ExitStack() as stack_of, ControlPlane() as plane:
         options = StackOptions(
             namespace=NAMESPACE,
             pool_name=POOL,
@@ -176,33 +357,44 @@ def main(argv: Sequence[str] | None = None) -> int:
             models=(ModelSpec("bench", MODEL, "Critical"),),
             envoy=EnvoyOptions(log_level="warning"),
         )
-        with Stack(plane.access, options) as stack:
-            assert stack.cluster is not None
-            assert stack.envoy is not None
-            sim = SimConfig(model=MODEL, max_num_seqs=256, time_scale=args.time_scale)
-            ip = stack.cluster.add_pod(POD, {"app": POOL}, sim_config=sim, ports=(SIM_PORT,)).ip
-            stack.wait_pods_scraped(1)
-            direct_options = EnvoyOptions(log_level="warning", direct_upstream=f"{ip}:{SIM_PORT}")
-            with Envoy(UNUSED_EXT_PROC, options=direct_options) as direct:
-                urls = {
-                    "sim": f"http://{ip}:{SIM_PORT}/v1/completions",
-                    "direct": f"{direct.base_url}/v1/completions",
-                    "epp": f"{stack.envoy.base_url}/v1/completions",
-                }
-                labels = {
-                    "sim": "client -> simulator (no Envoy)",
-                    "direct": "Envoy -> simulator (no ext_proc)",
-                    "epp": "Envoy + EPP -> simulator",
-                }
-                print(
-                    f"measuring: {args.c1_requests} sequential and {args.c32_requests} at {HIGH_CONCURRENCY}"
-                    f" in flight per path, {args.rounds} alternating rounds, simulator time_scale"
-                    f" {args.time_scale}"
-                )
-                began = time.monotonic()
-                stats = asyncio.run(run_rounds(urls, args))
-                print(f"measured in {time.monotonic() - began:.1f} s")
-    report(stats, labels)
+        stack = stack_of.enter_context(Stack(plane.access, options))
+        assert stack.cluster is not None
+        assert stack.envoy is not None
+        assert stack.epp is not None
+        sim = SimConfig(model=MODEL, max_num_seqs=256, time_scale=args.time_scale)
+        ip = stack.cluster.add_pod(POD, {"app": POOL}, sim_config=sim, ports=(SIM_PORT,)).ip
+        stack.wait_pods_scraped(1)
+        direct_options = EnvoyOptions(log_level="warning", direct_upstream=f"{ip}:{SIM_PORT}")
+        direct = stack_of.enter_context(Envoy(UNUSED_EXT_PROC, options=direct_options))
+        paths: dict[str, Path_] = {}
+        if not args.no_sim_path:
+            paths["sim"] = Path_(f"http://{ip}:{SIM_PORT}/v1/completions", "client -> simulator (no Envoy)")
+        paths["direct"] = Path_(f"{direct.base_url}/v1/completions", "Envoy -> simulator (no ext_proc)")
+        paths["epp"] = Path_(
+            f"{stack.envoy.base_url}/v1/completions", "Envoy + EPP (ours) -> simulator", stack.epp.pid,
+            stack.envoy.pid, True,
+        )  # fmt: skip
+        for index, (command, envoy_options) in enumerate(compared):
+            other = stack_of.enter_context(
+                ForeignEpp(command, POOL, NAMESPACE, plane.access.kubeconfig_path, sim_metric_args(command))
+            )
+            other.wait_serving()
+            envoy = stack_of.enter_context(
+                Envoy(other.ext_proc_address, options=envoy_options, ext_proc_tls=other.ext_proc_tls)
+            )
+            paths[f"other{index}"] = Path_(
+                f"{envoy.base_url}/v1/completions", f"Envoy + {command.name} -> simulator", other.pid,
+                envoy.pid, True,
+            )  # fmt: skip
+            print(f"compared: {command.name}: {shlex.join(other.argv())}")
+        print(
+            f"measuring: {args.c1_requests} sequential and {args.c32_requests} at {HIGH_CONCURRENCY}"
+            f" in flight per path, {args.rounds} alternating rounds, simulator time_scale {args.time_scale}"
+        )
+        began = time.monotonic()
+        stats = asyncio.run(run_rounds(paths, args))
+        print(f"measured in {time.monotonic() - began:.1f} s, load average {os.getloadavg()[0]:.2f}")
+    report(stats, paths)
     return 0
 
 

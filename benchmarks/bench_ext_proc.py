@@ -6,8 +6,9 @@ is a grpc.aio client replaying pre-serialised ProcessingRequest bytes shaped lik
 headers (10 headers, values in raw_value), a ~200 B JSON completion request (BUFFERED body) and
 response headers, three messages per HTTP request, many streams in flight. Half the requests name a
 model whose target differs, so the body-rewrite path is exercised too. Prints, never asserts.
+`--transport` picks the server: the EPP's own `epp.h2` (default) or grpc.aio (`grpcio`).
 
-    .venv/bin/python benchmarks/bench_ext_proc.py [--seconds 10] [--concurrency 32]
+    .venv/bin/python benchmarks/bench_ext_proc.py [--seconds 10] [--concurrency 32] [--transport grpcio]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -29,8 +31,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
 from epp.api.types import Criticality, InferenceModel, InferencePool, NamespacedName, PodObject, TargetModel
-from epp.config import SchedulerConfig
+from epp.config import EXT_PROC_TRANSPORTS, GRPCIO_TRANSPORT, H2_TRANSPORT, SchedulerConfig
 from epp.datastore import Datastore, Metrics, new_datastore
+from epp.h2 import GrpcServer
 from epp.handlers import ExtProcServicer
 from epp.metrics import RequestMetrics
 from epp.scheduling import Scheduler
@@ -73,7 +76,7 @@ def _seeded_store(clock: float) -> Datastore:
     return store
 
 
-async def serve() -> None:
+async def serve(transport: str) -> None:
     # Fresh metrics forever: the clock the scheduler sees stands still at the scrape time.
     frozen = time.monotonic()
     store = _seeded_store(frozen)
@@ -88,10 +91,16 @@ async def serve() -> None:
         rng=rng,
         clock=clock,
     )
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    servicer.add_to_server(server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server: Any
+    if transport == GRPCIO_TRANSPORT:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        servicer.add_to_server(server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+    else:
+        server = GrpcServer()
+        servicer.add_to_h2_server(server)
+        port = await server.start("127.0.0.1", 0)
     print(port, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -211,11 +220,14 @@ def main() -> None:
     parser.add_argument("mode", nargs="?", default="drive", choices=["drive", "serve"])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--transport", choices=EXT_PROC_TRANSPORTS, default=H2_TRANSPORT)
     args = parser.parse_args()
     if args.mode == "serve":
-        asyncio.run(serve())
+        asyncio.run(serve(args.transport))
         return
-    server = subprocess.Popen([sys.executable, __file__, "serve"], stdout=subprocess.PIPE, text=True)
+    print(f"transport: {args.transport}")
+    command = [sys.executable, __file__, "serve", "--transport", args.transport]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())

@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     build = commands.add_parser(
         "build", help="ensure etcd, kube-apiserver, kube-scheduler, kube-controller-manager (build if needed)"
     )
+    go_binaries.add_arguments(build)
     build.set_defaults(handler=cmd_build)
 
     for name in PLUGGABLE_COMMANDS:
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    return go_binaries.main([])
+    return go_binaries.main(["--upstream-epp", args.upstream_epp] if args.upstream_epp else [])
 
 
 def cmd_up(args: argparse.Namespace) -> int:

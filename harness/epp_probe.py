@@ -7,6 +7,8 @@ observed through exactly the same doors.
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import urllib.request
 from typing import Any
 
@@ -38,3 +40,23 @@ def health(address: str, service: str = "", timeout: float = 5.0) -> str:
             health_pb2.HealthCheckRequest(service=service), timeout=timeout
         )
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def tls_handshake(address: str, ca_pem: bytes, server_name: str, timeout: float = 2.0) -> None:
+    """Complete a TLS handshake with the ext_proc port as Envoy does (CA, name, ALPN h2), or raise.
+
+    gRPC health can say SERVING before the ext_proc listener exists (upstream's EPP reports it while
+    still generating its key), so "ready for Envoy" needs this too. Raises ``OSError`` (including
+    ``ssl.SSLError``) while the port is not serving TLS with a certificate for ``server_name``.
+    """
+    host, _, port = address.rpartition(":")
+    context = ssl.create_default_context(cadata=ca_pem.decode("ascii"))
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        if tls.selected_alpn_protocol() != "h2":
+            raise ssl.SSLError(
+                f"{address} does not speak HTTP/2 over TLS (ALPN {tls.selected_alpn_protocol()!r})"
+            )

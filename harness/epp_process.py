@@ -22,6 +22,24 @@ from harness.ports import LOOPBACK
 from harness.process import ChildProcesses, ManagedProcess
 
 
+def epp_server_name(pool_name: str, pool_namespace: str) -> str:
+    """The name on an EPP's certificate: its Service's DNS name in a cluster."""
+    return f"{pool_name}-epp.{pool_namespace}.svc"
+
+
+def serving_certificate(server_name: str, cert_dir: Path) -> bytes:
+    """Write ``tls.crt``/``tls.key`` for ``server_name`` (what ``--certPath`` reads, ours and
+    upstream's alike) into ``cert_dir`` from a fresh CA; return that CA's PEM for Envoy."""
+    # Common names are capped at 64 characters; the (longer) Service name goes in the SAN.
+    ca = TinyCA(common_name="epp-serving-ca")
+    pair = ca.issue_serving(dns_names=[server_name], ips=[], common_name="endpoint-picker")
+    (cert_dir / "tls.crt").write_bytes(pair.cert_pem)
+    key = cert_dir / "tls.key"
+    key.touch(mode=0o600)
+    key.write_bytes(pair.key_pem)
+    return ca.cert_pem
+
+
 @dataclass
 class EppProcess:
     pool_name: str
@@ -119,21 +137,14 @@ class EppProcess:
     def _serving_certificate(self) -> Path:
         """`tls.crt`/`tls.key` for `server_name` from this EPP's own CA; made once, kept across restarts."""
         if self._cert_dir is None:
-            # Common names are capped at 64 characters; the (longer) Service name goes in the SAN.
-            ca = TinyCA(common_name="epp-serving-ca")
-            pair = ca.issue_serving(dns_names=[self.server_name], ips=[], common_name="endpoint-picker")
             cert_dir = self._kept.temp_dir("epp-certs")
-            (cert_dir / "tls.crt").write_bytes(pair.cert_pem)
-            key = cert_dir / "tls.key"
-            key.touch(mode=0o600)
-            key.write_bytes(pair.key_pem)
-            self._cert_dir, self._ca_pem = cert_dir, ca.cert_pem
+            self._cert_dir, self._ca_pem = cert_dir, serving_certificate(self.server_name, cert_dir)
         return self._cert_dir
 
     @property
     def server_name(self) -> str:
         """The name on the EPP's certificate: its Service's DNS name in a cluster."""
-        return f"{self.pool_name}-epp.{self.pool_namespace}.svc"
+        return epp_server_name(self.pool_name, self.pool_namespace)
 
     @property
     def ext_proc_tls(self) -> ExtProcTls:

@@ -16,8 +16,16 @@ etcd: the 3.6 release that Kubernetes 1.36 is tested with (controller-tools' env
 ``etcdmain.Main``) in its own wrapper module, never in the Kubernetes one. etcd >= 3.5.13 is what
 lets kube-apiserver turn on RequestWatchProgress and consistent reads from the watch cache.
 
-Adding a binary (helm, the upstream EPP) is one ``GoBuild`` declaration here plus its entry in
-``BUILDS``.
+The upstream EPP (``sigs.k8s.io/gateway-api-inference-extension``, ``./cmd/epp``), on request only
+(``harness build --upstream-epp v0.3.0``; plain ``harness build`` and CI never build it): the
+comparison point for conformance and speed. ``go install ...@v0.3.0`` fails through this proxy (it
+refuses the module's ``@v/list``, which go install reads for deprecation notices), but the module's
+go.mod has no ``replace`` lines, so the plain wrapper module builds it. It has no version flag, so
+its pin is checked in the build information Go embeds (``mod\t<module>\tv0.3.0``). Cached as
+``<cache>/upstream-epp/v0.3.0/upstream-epp``; ``$TEST_ASSET_UPSTREAM_EPP`` points elsewhere.
+
+Adding a binary (helm, ...) is one ``GoBuild`` declaration here plus its entry in ``BUILDS`` (built
+by ``harness build``) or a function like ``upstream_epp_build`` (built on request).
 """
 
 from __future__ import annotations
@@ -143,6 +151,41 @@ ETCD: Final = GoBuild(
 BUILDS: Final = (ETCD, KUBERNETES)
 """Everything ``harness build`` ensures, in this order."""
 
+UPSTREAM_EPP_MODULE: Final = "sigs.k8s.io/gateway-api-inference-extension"
+UPSTREAM_EPP_VERSION: Final = "0.3.0"
+"""The release the harness compares against (its CRDs are the ones the control plane installs)."""
+
+
+def upstream_epp_build(version: str = UPSTREAM_EPP_VERSION) -> GoBuild:
+    """Upstream's Go EPP at ``version`` ("0.3.0" or "v0.3.0"): one binary, ``upstream-epp``."""
+    version = version.removeprefix("v")
+    return GoBuild(
+        name="upstream-epp",
+        module=UPSTREAM_EPP_MODULE,
+        version=version,
+        binaries=(
+            GoBinary(
+                "upstream-epp",
+                f"{UPSTREAM_EPP_MODULE}/cmd/epp",
+                (),  # no version flag: proven by the embedded build info
+                f"mod\t{UPSTREAM_EPP_MODULE}\tv{version}\t",
+            ),
+        ),
+    )
+
+
+def upstream_epp_path(version: str = UPSTREAM_EPP_VERSION, progress: TextIO | None = None) -> Path:
+    """The upstream EPP binary, built into the cache if needed (about 4 minutes cold)."""
+    build = upstream_epp_build(version)
+    return gobuild.ensure(build, progress)[build.binaries[0].name].path
+
+
+def find_upstream_epp(version: str = UPSTREAM_EPP_VERSION) -> Path | None:
+    """The upstream EPP binary if it is already built (or given by ``$TEST_ASSET_UPSTREAM_EPP``)."""
+    build = upstream_epp_build(version)
+    found = gobuild.find(build, build.binaries[0])
+    return None if found is None else found.path
+
 
 def _build_of(name: str) -> GoBuild:
     for build in BUILDS:
@@ -169,17 +212,33 @@ def ensure_all(progress: TextIO | None = None) -> dict[str, Resolved]:
     return results
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``harness build`` (shared with ``harness.cli``)."""
+    parser.add_argument(
+        "--upstream-epp",
+        metavar="VERSION",
+        help=f"also build upstream's Go EPP ({UPSTREAM_EPP_MODULE} ./cmd/epp) at VERSION, "
+        f"e.g. v{UPSTREAM_EPP_VERSION} (never built otherwise)",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``harness build``: ensure every pinned binary; one line per binary with its path and origin."""
     parser = argparse.ArgumentParser(prog="harness build", description=main.__doc__)
-    parser.parse_args(argv)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    wanted = list(BUILDS)
+    if args.upstream_epp:
+        wanted.append(upstream_epp_build(args.upstream_epp))
     try:
         results = ensure_all(sys.stderr)
+        for build in wanted[len(BUILDS) :]:
+            results.update(gobuild.ensure(build, sys.stderr))
     except (gobuild.GoBuildError, gobuild.BinaryVersionError, BinaryNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     builds: dict[float, list[str]] = {}
-    for build in BUILDS:
+    for build in wanted:
         for binary in build.binaries:
             result = results[binary.name]
             print(f"{binary.name:<24} v{build.version:<8} {result.source:<6} {result.path}")

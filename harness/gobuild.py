@@ -86,12 +86,17 @@ class BuildContext:
 
 @dataclass(frozen=True)
 class GoBinary:
-    """One executable: its file name, its main package, and how it proves its version."""
+    """One executable: its file name, its main package, and how it proves its version.
+
+    ``version_args=()`` means the program has no version command (upstream's EPP v0.3.0): then
+    ``version_output`` must appear in the build information Go embeds in every binary (the module
+    lines ``go version -m`` prints, e.g. ``dep\tsigs.k8s.io/...\tv0.3.0``), read without running it.
+    """
 
     name: str
     package: str
     version_args: tuple[str, ...]
-    version_output: str  # must appear in the output of ``<name> <version_args>``
+    version_output: str  # must appear in the output of ``<name> <version_args>`` (or its build info)
     env: str = ""  # override variable; default TEST_ASSET_<NAME>
 
     @property
@@ -217,7 +222,7 @@ def find(build: GoBuild, binary: GoBinary, note: TextIO | None = None) -> Resolv
 
 def check_version(build: GoBuild, binary: GoBinary, path: Path, origin: str) -> None:
     """Raise ``BinaryVersionError`` unless ``path`` reports the pinned version."""
-    output = _version_output(str(path), binary.version_args, *_file_identity(path))
+    output = version_report(binary, path)
     if binary.version_output not in output:
         reported = output.strip().splitlines()[0] if output.strip() else "nothing"
         raise BinaryVersionError(
@@ -226,6 +231,65 @@ def check_version(build: GoBuild, binary: GoBinary, path: Path, origin: str) -> 
             f"{binary.env_var} or {ASSETS_ENV} at binaries of that release, or unset them to use the "
             "harness cache (built from Go modules)"
         )
+
+
+def version_report(binary: GoBinary, path: Path) -> str:
+    """What ``path`` says about its version: its version command's output, or its embedded build info."""
+    if not binary.version_args:
+        return _build_info(str(path), *_file_identity(path))
+    return _version_output(str(path), binary.version_args, *_file_identity(path))
+
+
+_BUILD_INFO_MAGIC: Final = b"\xff Go buildinf:"
+_BUILD_INFO_HEADER: Final = 32
+_BUILD_INFO_INLINE: Final = 0x2  # flag: the strings follow the header (Go >= 1.18)
+
+
+def parse_build_info(data: bytes) -> str:
+    """The module information Go >= 1.18 embeds in a binary (``path``, ``mod``, ``dep`` lines).
+
+    Layout (``debug/buildinfo``): a 32-byte header starting with the magic, flag byte 15 bit 1 set
+    when the Go version and the module information follow inline, each as a uvarint length and
+    bytes. The magic can also occur as data (a program that reads build info), so every occurrence
+    is tried until one holds module lines. Returns "" when the binary carries none.
+    """
+    start = data.find(_BUILD_INFO_MAGIC)
+    while start >= 0:
+        if len(data) >= start + _BUILD_INFO_HEADER and data[start + 15] & _BUILD_INFO_INLINE:
+            strings = _uvarint_strings(data, start + _BUILD_INFO_HEADER, 2)
+            if len(strings) == 2 and b"path\t" in strings[1]:
+                info = strings[1]
+                if len(info) >= 33 and info[-17:-16] == b"\n":  # 16-byte sentinels around it
+                    info = info[16:-16]
+                return info.decode("utf-8", "replace")
+        start = data.find(_BUILD_INFO_MAGIC, start + 1)
+    return ""
+
+
+def _uvarint_strings(data: bytes, position: int, count: int) -> list[bytes]:
+    strings: list[bytes] = []
+    for _ in range(count):
+        length = shift = 0
+        while position < len(data) and shift < 64:
+            byte = data[position]
+            position += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        if position + length > len(data):
+            break
+        strings.append(data[position : position + length])
+        position += length
+    return strings
+
+
+@functools.lru_cache(maxsize=64)
+def _build_info(path: str, size: int, mtime_ns: int) -> str:
+    try:
+        return parse_build_info(Path(path).read_bytes())
+    except OSError as exc:
+        return f"<{exc}>"
 
 
 @functools.lru_cache(maxsize=64)
@@ -323,7 +387,7 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
             built = output_dir / (
                 binary.name if len(binaries) == 1 else default_executable_name(binary.package)
             )
-            output = _version_output(str(built), binary.version_args, *_file_identity(built))
+            output = version_report(binary, built)
             if binary.version_output not in output:
                 raise GoBuildError(
                     f"built {binary.name} reports {output.strip()!r}, expected {binary.version_output!r}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -89,3 +90,38 @@ def _free_port(host: str) -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def claim_port(port: int, wait: float = 0.0, lock_dir: Path | None = None) -> PortReservation:
+    """Claim a *fixed* port (one a program binds whatever its flags say) against the other holders.
+
+    Uses the same lock files as ``reserve_port``, so a fixed port is never also handed out as a free
+    one. Waits up to ``wait`` seconds for another holder to release it, then raises
+    ``PortReservationError``; it also raises when something outside the harness is bound to the port
+    on any address (the claim could not prevent that collision).
+    """
+    directory = lock_dir if lock_dir is not None else default_lock_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"port-{port}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PortReservationError(
+                        f"port {port} is claimed by another process of the harness (lock {path})"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind(("", port))
+        except OSError as exc:
+            raise PortReservationError(f"port {port} is in use outside the harness: {exc}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return PortReservation(port, "", fd)

@@ -1,10 +1,12 @@
-"""The grpc.aio side of ext_proc: moves bytes between Envoy and one `ExtProcStream` per stream.
+"""The gRPC side of ext_proc: moves bytes between Envoy and one `ExtProcStream` per stream.
 
-Registered as a generic handler without (de)serializers, rather than through
+Two transports carry the same streams: `add_to_h2_server` (ours, `epp.h2`, the default) and
+`add_to_server` (grpc.aio, the fallback of `--extProcTransport=grpcio`). On grpc.aio it is
+registered as a generic handler without (de)serializers, rather than through
 `add_ExternalProcessorServicer_to_server`, for two reasons: constant replies go out as
 pre-serialised bytes, and an undecodable message is caught here and answered with
 INVALID_ARGUMENT for that stream only (the server keeps serving), instead of grpc's own
-deserializer failure path.
+deserializer failure path. On `epp.h2` the same error becomes a `StreamError` with that status.
 
 A client cancel or EOF ends the handler quietly (upstream #390): cancellation propagates without a
 log line and the stream's bookkeeping (running-requests gauge) is released in `finally`.
@@ -22,6 +24,7 @@ import grpc
 
 from epp.body import BodyScanner
 from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
+from epp.h2 import GrpcServer, StreamError
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.handlers.responses import ConstantReplies, Destination
 from epp.handlers.stream import ExtProcStream, PodScheduler, ProtocolError, RoutingView, StreamDeps
@@ -31,6 +34,28 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD_NAME = "Process"
+METHOD_PATH = f"/{SERVICE_NAME}/{METHOD_NAME}"
+_INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+class _H2Stream:
+    """One ext_proc stream as `epp.h2` drives it: a `ProtocolError` ends it with INVALID_ARGUMENT."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: ExtProcStream) -> None:
+        self._stream = stream
+
+    async def handle(self, message: bytes) -> tuple[bytes | None, bool]:
+        try:
+            return await self._stream.handle(message)
+        except ProtocolError as exc:
+            problem = str(exc)  # logged as text: a record holding the exception would keep its frames
+        log.warning("ext_proc protocol error: %s", problem)
+        raise StreamError(_INVALID_ARGUMENT, problem)
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 class ExtProcServicer:
@@ -100,6 +125,10 @@ class ExtProcServicer:
                     return
         finally:
             stream.close()
+
+    def add_to_h2_server(self, server: GrpcServer) -> None:
+        """Register on an `epp.h2.GrpcServer` (before it starts)."""
+        server.add_method(METHOD_PATH, lambda: _H2Stream(self.new_stream()))
 
     def add_to_server(self, server: Any) -> None:
         """Register on a `grpc.aio.Server` (raw bytes in and out, see the module docstring)."""

@@ -10,6 +10,7 @@ another address, e.g. loopback behind an authenticating proxy.
 `--maxRequestBodyBytes` is ours too (DESIGN.md §6: a request body has a size limit), and so are
 `--watchBookmarkInterval` (the watch liveness rule, DESIGN.md §6), `--shutdownDelay` and
 `--shutdownGracePeriod` (the drain on SIGTERM, DESIGN.md §4).
+`--extProcTransport` is ours: `h2` (our HTTP/2 server, `epp.h2`) or `grpcio` (grpc.aio, the fallback).
 `--refreshPrometheusMetricsInterval` is accepted for compatibility but has nothing to drive: pool
 gauges are computed at scrape time (epp.metrics.pool).
 
@@ -301,6 +302,12 @@ def _parser() -> _Parser:
         default=defaults.DEFAULT_SHUTDOWN_GRACE_PERIOD,
         help="Then new streams are refused and those in flight get this long to finish (not upstream).",
     )
+    p.add_argument(
+        "--extProcTransport",
+        choices=defaults.EXT_PROC_TRANSPORTS,
+        default=defaults.DEFAULT_EXT_PROC_TRANSPORT,
+        help="How the ext_proc port serves gRPC: h2 (ours, on asyncio) or grpcio (grpc.aio); not upstream.",
+    )
     # controller-runtime's zap flags, as upstream's manifests pass them (see the module docstring).
     p.add_argument(
         "--zap-log-level", dest="zap_log_level", type=_typed(_zap_level, "zap level"), default=None
@@ -439,6 +446,7 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
         refresh_prometheus_metrics_interval=ns.refreshPrometheusMetricsInterval,
         kubeconfig=ns.kubeconfig,
         max_request_body_bytes=ns.maxRequestBodyBytes,
+        ext_proc_transport=ns.extProcTransport,
         scheduler=scheduler_config(environ, ns.metricsStalenessThreshold, ns.scheduler),
         prober=ProberConfig(refresh_interval=ns.refreshMetricsInterval, metric_names=names),
         watch=WatchConfig(bookmark_interval=ns.watchBookmarkInterval),

@@ -38,8 +38,9 @@ from prometheus_client import CollectorRegistry
 
 from epp.api.types import NamespacedName
 from epp.backend.metrics import Fetcher, MetricsFetcher, PodRefreshers, new_scrape_session
-from epp.config import ServerConfig
+from epp.config import GRPCIO_TRANSPORT, ServerConfig
 from epp.datastore import Datastore, new_datastore
+from epp.h2 import GrpcServer, Limits
 from epp.handlers import ExtProcServicer
 from epp.handlers.accounting import Accounting
 from epp.k8s import Controllers, KubeClient
@@ -49,7 +50,7 @@ from epp.scheduling import new_scheduler
 from epp.server.health import HealthServicer
 from epp.server.http import bind_socket, debug_app, metrics_app
 from epp.server.supervisor import Supervisor
-from epp.server.tls import server_key_pair
+from epp.server.tls import KeyPair, server_key_pair, ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +391,22 @@ class Epp:
 
     async def _start_ext_proc(self, servicer: ExtProcServicer) -> None:
         config = self._config
+        pair = server_key_pair(config.cert_path) if config.secure_serving else None
+        if pair is not None:
+            self._certificate = pair.cert_pem
+        if config.ext_proc_transport == GRPCIO_TRANSPORT:
+            await self._start_grpcio_ext_proc(servicer, pair)
+            return
+        limits = Limits(max_message_bytes=config.grpc_max_message_bytes)
+        server = GrpcServer(limits=limits, ssl_context=None if pair is None else ssl_context(pair))
+        servicer.add_to_h2_server(server)
+        self._ports["grpc"] = await server.start(config.bind_address, config.grpc_port)
+        grace = self._grace
+        self._supervisor.on_stop("grpc-ext-proc", lambda: server.stop(grace))
+        self._supervisor.spawn("grpc-ext-proc", _serving())
+
+    async def _start_grpcio_ext_proc(self, servicer: ExtProcServicer, pair: KeyPair | None) -> None:
+        config = self._config
         size = config.grpc_max_message_bytes
         server = grpc.aio.server(
             options=_grpc_options(
@@ -399,9 +416,7 @@ class Epp:
         servicer.add_to_server(server)
         address = host_port(config.bind_address, config.grpc_port)
         try:
-            if config.secure_serving:
-                pair = server_key_pair(config.cert_path)
-                self._certificate = pair.cert_pem
+            if pair is not None:
                 credentials = grpc.ssl_server_credentials([(pair.key_pem, pair.cert_pem)])
                 port = server.add_secure_port(address, credentials)
             else:

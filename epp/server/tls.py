@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from epp.h2 import server_ssl_context
 
 CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
@@ -91,3 +95,14 @@ def self_signed(now: datetime.datetime | None = None) -> KeyPair:
 
 def server_key_pair(cert_path: str) -> KeyPair:
     return load_key_pair(cert_path) if cert_path else self_signed()
+
+
+def ssl_context(pair: KeyPair) -> ssl.SSLContext:
+    """A server context for `pair` (ALPN h2, TLS 1.2+). Python's ssl loads keys only from files, so
+    the PEMs pass through a private temp dir that is removed before this returns."""
+    with tempfile.TemporaryDirectory(prefix="epp-tls-") as directory:
+        cert_file, key_file = Path(directory) / CERT_FILE, Path(directory) / KEY_FILE
+        cert_file.write_bytes(pair.cert_pem)
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(pair.key_pem)
+        return server_ssl_context(str(cert_file), str(key_file))

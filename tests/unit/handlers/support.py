@@ -1,7 +1,8 @@
 """Shared pieces of the handler tests: a seeded datastore, a scripted scheduler, a live servicer.
 
-The servicer runs on a real grpc.aio server bound to 127.0.0.1:0 and is driven through a real
-grpc.aio channel with `ProcessingRequest` messages, exactly as Envoy drives it. State is seeded
+The servicer runs on a real server bound to 127.0.0.1:0 (the EPP's own `epp.h2` transport unless a
+test asks for grpc.aio) and is driven through a real grpc.aio channel with `ProcessingRequest`
+messages, exactly as Envoy drives it. State is seeded
 with the datastore's public Protocol methods (allowed in tests/unit).
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +24,10 @@ from prometheus_client import CollectorRegistry
 
 from epp.api.types import InferenceModel, InferencePool, PodObject
 from epp.body import BodyScanner
-from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
+from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES, GRPCIO_TRANSPORT, H2_TRANSPORT
 from epp.datastore import Datastore, PodMetrics, new_datastore
 from epp.errors import EppError
+from epp.h2 import GrpcServer
 from epp.handlers import ExtProcServicer, PodScheduler
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.metrics import RequestMetrics
@@ -156,17 +158,27 @@ def body(
 
 # --- driving a live servicer -------------------------------------------------------------------
 @asynccontextmanager
-async def serving(servicer: ExtProcServicer) -> AsyncIterator[grpc.aio.Channel]:
-    server = grpc.aio.server()
-    servicer.add_to_server(server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+async def serving(
+    servicer: ExtProcServicer, transport: str = H2_TRANSPORT
+) -> AsyncIterator[grpc.aio.Channel]:
+    """The servicer on `transport` (`epp.h2`, or grpc.aio for "grpcio"), and a channel to it."""
+    if transport == GRPCIO_TRANSPORT:
+        aio_server = grpc.aio.server()
+        servicer.add_to_server(aio_server)
+        port = aio_server.add_insecure_port("127.0.0.1:0")
+        await aio_server.start()
+        stop: Callable[[], Awaitable[None]] = lambda: aio_server.stop(None)  # noqa: E731
+    else:
+        h2_server = GrpcServer()
+        servicer.add_to_h2_server(h2_server)
+        port = await h2_server.start("127.0.0.1", 0)
+        stop = lambda: h2_server.stop(None)  # noqa: E731
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield channel
     finally:
         await channel.close()
-        await server.stop(None)
+        await stop()
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Fuzzing the ext_proc servicer (CI profile): no crash, no 500 for client input, no destination outside
 the pool's ready pods, no state left behind. Strategies and properties: `harness.extproc_fuzz`.
 
-One real grpc.aio server on loopback for the whole run, the real scheduler over three ready pods with
-fresh metrics, every case on a fresh stream. `EPP_FUZZ_CASES` sets the number of cases (default 400,
+One real server on loopback for the whole run, once per transport (the EPP's own `epp.h2`, and
+grpc.aio), a grpc.aio channel to it, the real scheduler over three ready pods with fresh metrics,
+every case on a fresh stream. `EPP_FUZZ_CASES` sets the number of cases (default 400,
 a few seconds); the long profile (≥ 100k cases against a real EPP process, with its memory) is
 `benchmarks/fuzz_ext_proc.py`.
 """
@@ -16,11 +17,13 @@ import random
 from typing import Any
 
 import grpc
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from epp.api.types import InferenceModel, InferencePool, PodObject
-from epp.config import SchedulerConfig
+from epp.config import GRPCIO_TRANSPORT, H2_TRANSPORT, SchedulerConfig
 from epp.datastore import Metrics, new_datastore
+from epp.h2 import GrpcServer, Limits
 from epp.handlers import ExtProcServicer, ExtProcStream
 from epp.metrics import UNKNOWN_MODEL, RequestMetrics
 from epp.scheduling import Scheduler
@@ -78,25 +81,32 @@ def servicer_and_registry() -> tuple[ExtProcServicer, RequestMetrics, object]:
 
 
 class LiveServicer:
-    """The servicer on a real grpc.aio server with a channel to it, on one event loop of its own.
+    """The servicer on a real server (`transport`) with a channel to it, on one event loop of its own.
 
     grpc.aio objects belong to the loop they are made on, and grpc's poller thread lives as long as
     any of them does: all are made here and all are dropped by `close()`.
     """
 
-    OPTIONS = (("grpc.max_receive_message_length", 4 * 1024 * 1024),)
+    MAX_MESSAGE = 4 * 1024 * 1024
+    OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE),)
 
-    def __init__(self, servicer: ExtProcServicer) -> None:
+    def __init__(self, servicer: ExtProcServicer, transport: str) -> None:
         self._servicer = servicer
         self._loop = asyncio.new_event_loop()
         self._grpc: dict[str, Any] = {}
-        self._loop.run_until_complete(self._serve())
+        self._loop.run_until_complete(self._serve(transport))
 
-    async def _serve(self) -> None:
-        server = grpc.aio.server(options=self.OPTIONS)
-        self._servicer.add_to_server(server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
+    async def _serve(self, transport: str) -> None:
+        server: Any
+        if transport == GRPCIO_TRANSPORT:
+            server = grpc.aio.server(options=self.OPTIONS)
+            self._servicer.add_to_server(server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+        else:
+            server = GrpcServer(limits=Limits(max_message_bytes=self.MAX_MESSAGE))
+            self._servicer.add_to_h2_server(server)
+            port = await server.start("127.0.0.1", 0)
         self._grpc.update(
             server=server, channel=grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=self.OPTIONS)
         )
@@ -113,9 +123,10 @@ class LiveServicer:
         gc.collect()
 
 
-def test_no_stream_of_messages_breaks_the_servicer() -> None:
+@pytest.mark.parametrize("transport", [H2_TRANSPORT, GRPCIO_TRANSPORT])
+def test_no_stream_of_messages_breaks_the_servicer(transport: str) -> None:
     servicer, _, registry = servicer_and_registry()
-    live = LiveServicer(servicer)
+    live = LiveServicer(servicer, transport)
     failures: list[str] = []
 
     @settings(

@@ -327,3 +327,95 @@ def test_a_new_binary_is_a_declaration() -> None:
 
 def _assert_in(needle: str, haystack: str) -> None:
     assert needle in haystack
+
+
+# --------------------------------------------------------------------------- build info (no version flag)
+
+
+def _build_info_blob(module_info: str, go_version: str = "go1.26.8") -> bytes:
+    """Bytes laid out as Go >= 1.18 embeds build info: 32-byte header, then two uvarint strings."""
+
+    def uvarint_string(text: str) -> bytes:
+        data = text.encode()
+        length, out = len(data), bytearray()
+        while length >= 0x80:
+            out.append((length & 0x7F) | 0x80)
+            length >>= 7
+        out.append(length)
+        return bytes(out) + data
+
+    header = b"\xff Go buildinf:" + bytes([8, 0x2]) + bytes(16)
+    sentinel = bytes(16)
+    wrapped = sentinel.decode("latin-1") + module_info + sentinel.decode("latin-1")
+    return b"\x7fELF" + bytes(100) + header + uvarint_string(go_version) + uvarint_string(wrapped) + bytes(50)
+
+
+UPSTREAM_INFO = (
+    "path\tsigs.k8s.io/gateway-api-inference-extension/cmd/epp\n"
+    "mod\tsigs.k8s.io/gateway-api-inference-extension\tv0.3.0\th1:abc=\n"
+    "dep\tgithub.com/go-logr/logr\tv1.4.2\th1:def=\n" + "dep\texample.com/filler\tv1.0.0\th1:x=\n" * 20
+)
+
+
+def test_build_info_is_read_without_running_the_binary() -> None:
+    info = gobuild.parse_build_info(
+        b"not go\xff Go buildinf: but no header" + _build_info_blob(UPSTREAM_INFO)
+    )
+    assert info == UPSTREAM_INFO
+    assert gobuild.parse_build_info(b"\x7fELF nothing here") == ""
+
+
+def test_real_go_binary_build_info_if_cached() -> None:
+    etcd = gobuild.cached_path(go_binaries.ETCD, go_binaries.ETCD.binaries[0])
+    if not etcd.is_file():
+        pytest.skip("etcd not in the harness cache")
+    info = gobuild.parse_build_info(etcd.read_bytes())
+    assert f"mod\tgo.etcd.io/etcd/server/v3\tv{go_binaries.ETCD_VERSION}\t" in info
+
+
+def test_the_upstream_epp_is_pinned_by_its_build_info(
+    clean_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build = go_binaries.upstream_epp_build("v0.3.0")
+    binary = build.binaries[0]
+    assert (build.module, build.version, binary.package) == (
+        "sigs.k8s.io/gateway-api-inference-extension",
+        "0.3.0",
+        "sigs.k8s.io/gateway-api-inference-extension/cmd/epp",
+    )
+    assert binary.env_var == "TEST_ASSET_UPSTREAM_EPP"
+    assert gobuild.cached_path(build, binary).parts[-3:] == ("upstream-epp", "v0.3.0", "upstream-epp")
+    assert all(b.name != "upstream-epp" for b in go_binaries.BUILDS for b in b.binaries)  # on request only
+
+    good = tmp_path / "good-epp"
+    good.write_bytes(_build_info_blob(UPSTREAM_INFO))
+    good.chmod(0o755)
+    monkeypatch.setenv("TEST_ASSET_UPSTREAM_EPP", str(good))
+    assert gobuild.find(build, binary) == Resolved(good, "env")
+
+    other = tmp_path / "other-epp"
+    other.write_bytes(_build_info_blob(UPSTREAM_INFO.replace("v0.3.0", "v0.4.0")))
+    other.chmod(0o755)
+    monkeypatch.setenv("TEST_ASSET_UPSTREAM_EPP", str(other))
+    with pytest.raises(
+        gobuild.BinaryVersionError, match=r"pins sigs\.k8s\.io/gateway-api-inference-extension v0\.3\.0"
+    ):
+        gobuild.find(build, binary)
+
+
+def test_harness_build_builds_the_upstream_epp_only_when_asked(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ensured: list[str] = []
+
+    def fake_ensure(build: GoBuild, progress: object = None) -> dict[str, Resolved]:
+        ensured.append(f"{build.name}@{build.version}")
+        return {b.name: Resolved(gobuild.cached_path(build, b), "cache") for b in build.binaries}
+
+    monkeypatch.setattr(gobuild, "ensure", fake_ensure)
+    assert go_binaries.main([]) == 0
+    assert "upstream-epp@0.3.0" not in ensured
+    ensured.clear()
+    assert go_binaries.main(["--upstream-epp", "v0.3.0"]) == 0
+    assert ensured[-1] == "upstream-epp@0.3.0"
+    assert "upstream-epp             v0.3.0" in capsys.readouterr().out

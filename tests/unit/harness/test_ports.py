@@ -7,13 +7,14 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness import ports
-from harness.ports import PortReservationError, reserve_port
+from harness.ports import PortReservationError, claim_port, reserve_port
 
 
 def test_reserved_port_is_free_loopback_port(tmp_path: Path) -> None:
@@ -80,3 +81,25 @@ def test_gives_up_when_every_candidate_is_claimed(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(ports, "_free_port", lambda host: 40003)
     with reserve_port(lock_dir=tmp_path), pytest.raises(PortReservationError, match="no unclaimed free port"):
         reserve_port(lock_dir=tmp_path)
+
+
+def test_a_fixed_port_is_claimed_once_and_waits_for_its_holder(tmp_path: Path) -> None:
+    with reserve_port(lock_dir=tmp_path) as free:
+        port = free.port
+    first = claim_port(port, lock_dir=tmp_path)
+    with pytest.raises(PortReservationError, match="claimed by another process"):
+        claim_port(port, lock_dir=tmp_path)
+    release = threading.Timer(0.2, first.release)
+    release.start()
+    second = claim_port(port, wait=10, lock_dir=tmp_path)  # got it once the first let go
+    release.join()
+    second.release()
+
+
+def test_a_fixed_port_bound_outside_the_harness_is_an_error(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        with pytest.raises(PortReservationError, match="in use outside the harness"):
+            claim_port(port, lock_dir=tmp_path)

@@ -1,0 +1,270 @@
+"""A `Connection` wired to an independent HTTP/2 client (the `h2` library) through memory, no sockets.
+
+The client is a full RFC 9113 implementation that enforces the protocol on what the server sends
+(flow control, stream states, header validity), so a test sees exactly what a peer would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+from hpack import Encoder
+
+from epp.h2 import frames as f
+from epp.h2.connection import Connection, GrpcStream, Limits
+
+PATH = "/test.Echo/Chat"
+
+
+def grpc_message(payload: bytes, compressed: bool = False) -> bytes:
+    return struct.pack(">BI", int(compressed), len(payload)) + payload
+
+
+def grpc_messages(data: bytes) -> list[bytes]:
+    """Cut a DATA stream into gRPC messages (asserting it holds only whole ones)."""
+    out, position = [], 0
+    while position < len(data):
+        flag, length = struct.unpack_from(">BI", data, position)
+        assert flag == 0
+        out.append(data[position + 5 : position + 5 + length])
+        position += 5 + length
+    assert position == len(data)
+    return out
+
+
+class FakeTransport:
+    """What the Connection writes; ``close`` is remembered (the test calls ``connection_lost``)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "write after close"
+        self.chunks.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def take(self) -> bytes:
+        data, self.chunks = b"".join(self.chunks), []
+        return data
+
+
+@dataclass
+class Recorder:
+    """Every handler the server made: the messages each got, and how often it was closed."""
+
+    handlers: list[Handler] = field(default_factory=list)
+
+    def factory(self, script: Script) -> Any:
+        def make() -> Handler:
+            handler = Handler(script)
+            self.handlers.append(handler)
+            return handler
+
+        return make
+
+
+@dataclass
+class Script:
+    """How handlers answer: ``reply(message)`` → (reply, end); ``gate`` set → handle waits on it."""
+
+    end_on: bytes = b"end"
+    fail_on: dict[bytes, Callable[[], BaseException]] = field(default_factory=dict)
+    gate: asyncio.Future[None] | None = None
+
+    def reply(self, message: bytes) -> tuple[bytes | None, bool]:
+        if message in self.fail_on:
+            raise self.fail_on[message]()
+        if message == b"silent":
+            return None, False
+        return b"re:" + message, message == self.end_on
+
+
+class Handler:
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.messages: list[bytes] = []
+        self.closed = 0
+        self.cancelled = False
+
+    async def handle(self, message: bytes) -> tuple[bytes | None, bool]:
+        assert not self.closed, "handle after close"
+        self.messages.append(message)
+        gate = self.script.gate
+        if gate is not None and message.startswith(b"wait"):
+            try:
+                await gate
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+        return self.script.reply(message)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+_typed: GrpcStream = Handler(Script())
+
+
+@dataclass
+class StreamResult:
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    data: bytes = b""
+    trailers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    ended: bool = False
+    reset: int | None = None
+
+    @property
+    def status(self) -> int | None:
+        block = dict(self.trailers or self.headers)
+        value = block.get(b"grpc-status")
+        return None if value is None else int(value)
+
+    @property
+    def message(self) -> str:
+        return dict(self.trailers or self.headers).get(b"grpc-message", b"").decode()
+
+    @property
+    def replies(self) -> list[bytes]:
+        return grpc_messages(self.data)
+
+
+class Wire:
+    """Server ``Connection`` ⇄ ``h2`` client, pumped by hand."""
+
+    def __init__(
+        self,
+        script: Script | None = None,
+        limits: Limits | None = None,
+        client_settings: dict[int, int] | None = None,
+        ack_data: bool = True,
+    ) -> None:
+        """``ack_data=False``: the client never gives flow-control credit back by itself."""
+        self.ack_data = ack_data
+        self.recorder = Recorder()
+        self.script = script or Script()
+        self.transport = FakeTransport()
+        self.server = Connection({PATH.encode(): self.recorder.factory(self.script)}, limits or Limits())
+        self.server.connection_made(self.transport)  # type: ignore[arg-type]
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self.client = h2.connection.H2Connection(config)
+        self.client.initiate_connection()
+        if client_settings:
+            self.client.update_settings(client_settings)
+        self.results: dict[int, StreamResult] = {}
+        self.events: list[h2.events.Event] = []
+        self.pump()
+
+    # --- sending -----------------------------------------------------------------------------------
+    def open(self, path: str = PATH, end_stream: bool = False) -> int:
+        stream_id = self.client.get_next_available_stream_id()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "test"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
+        self.client.send_headers(stream_id, headers, end_stream=end_stream)
+        self.results[stream_id] = StreamResult()
+        return stream_id
+
+    def send(self, stream_id: int, *messages: bytes, end: bool = False, **kwargs: Any) -> None:
+        self.client.send_data(
+            stream_id, b"".join(grpc_message(m) for m in messages), end_stream=end, **kwargs
+        )
+
+    def raw(self, data: bytes) -> None:
+        """Bytes straight to the server (frames the client library would never write)."""
+        self.server.data_received(data)
+
+    # --- receiving ---------------------------------------------------------------------------------
+    def pump(self) -> list[h2.events.Event]:
+        """Move bytes both ways until neither side has anything to say; return the client's events."""
+        seen: list[h2.events.Event] = []
+        while True:
+            outgoing = self.client.data_to_send()
+            if outgoing and not self.transport.closed:
+                self.server.data_received(outgoing)
+            incoming = self.transport.take()
+            if not outgoing and not incoming:
+                break
+            if incoming:
+                events = self.client.receive_data(incoming)
+                seen += events
+                self._record(events)
+        self.events += seen
+        return seen
+
+    async def settle(self) -> list[h2.events.Event]:
+        """Let suspended handlers run, then pump."""
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return self.pump()
+
+    def _record(self, events: Sequence[h2.events.Event]) -> None:
+        for event in events:
+            stream_id = getattr(event, "stream_id", None)
+            if not stream_id:
+                continue
+            result = self.results.setdefault(stream_id, StreamResult())
+            if isinstance(event, h2.events.ResponseReceived):
+                result.headers = list(event.headers)
+            elif isinstance(event, h2.events.DataReceived):
+                result.data += event.data
+                if self.ack_data:
+                    self.client.acknowledge_received_data(event.flow_controlled_length, stream_id)
+            elif isinstance(event, h2.events.TrailersReceived):
+                result.trailers = list(event.headers)
+            elif isinstance(event, h2.events.StreamEnded):
+                result.ended = True
+            elif isinstance(event, h2.events.StreamReset):
+                result.reset = event.error_code
+
+    def lose(self) -> None:
+        self.transport.close()
+        self.server.connection_lost(None)
+
+    @property
+    def goaway(self) -> h2.events.ConnectionTerminated | None:
+        ends = [e for e in self.events if isinstance(e, h2.events.ConnectionTerminated)]
+        return ends[-1] if ends else None
+
+
+def header_block(path: str = PATH) -> bytes:
+    """A request header block encoded by an independent HPACK encoder."""
+    return Encoder().encode(
+        [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "test")]
+    )
+
+
+def frames_in(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """Raw server output as (type, flags, stream id, payload) per frame."""
+    out, position = [], 0
+    while position + 9 <= len(data):
+        high, low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(data, position)
+        length = (high << 8) | low
+        out.append((kind, flags, stream_id, data[position + 9 : position + 9 + length]))
+        position += 9 + length
+    return out
+
+
+def goaway_code(data: bytes) -> int | None:
+    """The error code of the first GOAWAY frame in ``data`` (raw server output), if any."""
+    for kind, _flags, _stream, payload in frames_in(data):
+        if kind == f.GOAWAY:
+            return int(f.U32.unpack_from(payload, 4)[0])
+    return None

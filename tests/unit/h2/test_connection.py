@@ -1,0 +1,381 @@
+"""`epp.h2.Connection` against an independent HTTP/2 client: streams, gRPC framing, flow control,
+errors, and what a broken peer gets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import h2.events
+import h2.settings
+import pytest
+
+from epp.h2 import frames as f
+from epp.h2.connection import Connection, Limits, StreamError
+
+from .support import PATH, FakeTransport, Script, Wire, frames_in, goaway_code, grpc_message, header_block
+
+
+def test_a_stream_gets_each_reply_in_order_then_ok_trailers() -> None:
+    wire = Wire()
+    sid = wire.open()
+    wire.send(sid, b"one", b"two", b"silent", b"three", end=True)
+    wire.pump()
+    result = wire.results[sid]
+    assert dict(result.headers) == {b":status": b"200", b"content-type": b"application/grpc"}
+    assert result.replies == [b"re:one", b"re:two", b"re:three"]
+    assert (result.status, result.ended, result.reset) == (0, True, None)
+    [handler] = wire.recorder.handlers
+    assert handler.messages == [b"one", b"two", b"silent", b"three"]
+    assert handler.closed == 1
+
+
+def test_streams_interleave_on_one_connection() -> None:
+    wire = Wire()
+    first, second = wire.open(), wire.open()
+    wire.send(second, b"b1")
+    wire.send(first, b"a1")
+    wire.send(second, b"b2", end=True)
+    wire.send(first, b"a2", end=True)
+    wire.pump()
+    assert wire.results[first].replies == [b"re:a1", b"re:a2"]
+    assert wire.results[second].replies == [b"re:b1", b"re:b2"]
+    assert [h.closed for h in wire.recorder.handlers] == [1, 1]
+
+
+def test_a_message_split_over_padded_frames_is_reassembled_and_windows_are_topped_up() -> None:
+    """3 MiB through 64 KiB stream and connection windows: only the server's WINDOW_UPDATEs let it pass."""
+    limits = Limits(max_message_bytes=4 * 1024 * 1024, stream_window=65_535, connection_window=65_535)
+    wire = Wire(limits=limits)
+    sid = wire.open()
+    big = bytes(range(256)) * (3 * 1024 * 4)
+    data = grpc_message(big)
+    sent = 0
+    while sent < len(data):
+        # A padded frame costs its data, the pad length byte and 10 bytes of padding.
+        room = min(wire.client.local_flow_control_window(sid), wire.client.max_outbound_frame_size) - 11
+        assert room > 0, "the server never topped the window up"
+        chunk = data[sent : sent + room]
+        wire.client.send_data(sid, chunk, pad_length=10)
+        sent += len(chunk)
+        wire.pump()
+    wire.client.end_stream(sid)
+    wire.pump()
+    assert wire.recorder.handlers[0].messages == [big]
+    assert wire.results[sid].replies == [b"re:" + big]
+    assert wire.results[sid].status == 0
+
+
+def test_an_unknown_method_is_unimplemented_and_no_handler_is_made() -> None:
+    wire = Wire()
+    sid = wire.open("/other.Service/Method", end_stream=True)
+    wire.pump()
+    result = wire.results[sid]
+    assert result.status == 12
+    assert "/other.Service/Method" in result.message
+    assert result.ended
+    assert wire.recorder.handlers == []
+
+
+def test_a_message_over_the_limit_ends_only_its_stream_with_resource_exhausted() -> None:
+    wire = Wire(limits=Limits(max_message_bytes=100))
+    big, small = wire.open(), wire.open()
+    wire.send(big, b"x" * 101)
+    wire.send(small, b"fits", end=True)
+    wire.pump()
+    assert wire.results[big].status == 8
+    assert "larger than max (101 vs. 100)" in wire.results[big].message
+    assert wire.results[big].reset == f.NO_ERROR  # told to stop sending the rest
+    assert wire.results[small].replies == [b"re:fits"]
+    assert wire.recorder.handlers[0].messages == []
+    assert [h.closed for h in wire.recorder.handlers] == [1, 1]
+
+
+def test_a_compressed_message_is_unimplemented() -> None:
+    wire = Wire()
+    sid = wire.open()
+    wire.client.send_data(sid, grpc_message(b"zipped", compressed=True), end_stream=True)
+    wire.pump()
+    assert wire.results[sid].status == 12
+    assert "compressed" in wire.results[sid].message
+
+
+def test_a_stream_that_ends_inside_a_message_is_invalid_argument() -> None:
+    wire = Wire()
+    sid = wire.open()
+    wire.client.send_data(sid, grpc_message(b"whole")[:-2], end_stream=True)
+    wire.pump()
+    assert wire.results[sid].status == 3
+
+
+def test_a_stream_error_reaches_the_client_as_status_and_percent_encoded_message() -> None:
+    script = Script(fail_on={b"bad": lambda: StreamError(3, "100% wrong:\nnaïve")})
+    wire = Wire(script)
+    sid = wire.open()
+    wire.send(sid, b"fine", b"bad", b"never handled")
+    wire.pump()
+    result = wire.results[sid]
+    assert result.replies == [b"re:fine"]
+    assert result.status == 3
+    assert dict(result.trailers)[b"grpc-message"] == b"100%25 wrong:%0Ana%C3%AFve"
+    assert wire.recorder.handlers[0].messages == [b"fine", b"bad"]
+    assert wire.recorder.handlers[0].closed == 1
+
+
+def test_an_unexpected_handler_error_is_unknown_and_logged_and_the_connection_serves_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wire = Wire(Script(fail_on={b"boom": lambda: RuntimeError("kaput")}))
+    first = wire.open()
+    with caplog.at_level(logging.ERROR, logger="epp.h2.connection"):
+        wire.send(first, b"boom")
+        wire.pump()
+    assert wire.results[first].status == 2
+    assert "RuntimeError: kaput" in wire.results[first].message
+    assert "kaput" in caplog.text
+    second = wire.open()
+    wire.send(second, b"again", end=True)
+    wire.pump()
+    assert wire.results[second].replies == [b"re:again"]
+
+
+def test_end_before_the_client_finishes_sends_trailers_then_stops_the_client() -> None:
+    wire = Wire()
+    sid = wire.open()
+    wire.send(sid, b"end")
+    wire.pump()
+    result = wire.results[sid]
+    assert result.replies == [b"re:end"]
+    assert result.status == 0
+    assert result.reset == f.NO_ERROR
+    assert wire.recorder.handlers[0].closed == 1
+
+
+def test_replies_wait_for_the_peers_window_and_trailers_wait_for_the_data() -> None:
+    wire = Wire(client_settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 10}, ack_data=False)
+    sid = wire.open()
+    wire.send(sid, b"a" * 40, end=True)
+    wire.pump()
+    result = wire.results[sid]
+    assert len(result.data) == 10  # the first 10 bytes of the 48-byte message, nothing more
+    assert not result.ended
+    while not result.ended:
+        before = len(result.data)
+        wire.client.increment_flow_control_window(7, stream_id=sid)
+        wire.pump()
+        assert len(result.data) - before <= 7
+    assert result.replies == [b"re:" + b"a" * 40]
+    assert result.status == 0
+
+
+def test_reply_data_respects_the_peers_frame_size() -> None:
+    wire = Wire(limits=Limits(max_message_bytes=1 << 20))
+    sid = wire.open()
+    wire.send(sid, b"z" * 50_000, end=True)
+    wire.pump()  # the h2 client rejects any DATA frame over its 16 KiB default with a GOAWAY
+    assert wire.goaway is None
+    assert wire.results[sid].replies == [b"re:" + b"z" * 50_000]
+
+
+def test_ping_is_answered() -> None:
+    wire = Wire()
+    wire.client.ping(b"12345678")
+    events = wire.pump()
+    assert [e.ping_data for e in events if isinstance(e, h2.events.PingAckReceived)] == [b"12345678"]
+
+
+def test_client_trailers_end_the_stream() -> None:
+    wire = Wire()
+    sid = wire.open()
+    wire.send(sid, b"one")
+    wire.client.send_headers(sid, [("grpc-trailer", "x")], end_stream=True)
+    wire.pump()
+    assert wire.results[sid].replies == [b"re:one"]
+    assert wire.results[sid].status == 0
+
+
+def test_headers_split_into_continuation_frames_are_joined() -> None:
+    wire = Wire()
+    block = header_block()
+    wire.raw(f.frame(f.HEADERS, 0, 1, block[:5]) + f.frame(f.CONTINUATION, 0, 1, block[5:9]))
+    wire.raw(f.frame(f.CONTINUATION, f.END_HEADERS, 1, block[9:]))
+    wire.raw(f.frame(f.DATA, f.END_STREAM, 1, grpc_message(b"joined")))
+    assert wire.recorder.handlers[0].messages == [b"joined"]
+    assert wire.recorder.handlers[0].closed == 1
+
+
+def test_a_suspended_handle_keeps_later_messages_waiting_in_order() -> None:
+    asyncio.run(_test_a_suspended_handle_keeps_later_messages_waiting_in_order())
+
+
+async def _test_a_suspended_handle_keeps_later_messages_waiting_in_order() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    sid = wire.open()
+    wire.send(sid, b"wait-1", b"two", b"three", end=True)
+    wire.pump()
+    handler = wire.recorder.handlers[0]
+    assert handler.messages == [b"wait-1"]
+    assert wire.results[sid].data == b""
+    gate.set_result(None)
+    await wire.settle()
+    assert handler.messages == [b"wait-1", b"two", b"three"]
+    assert wire.results[sid].replies == [b"re:wait-1", b"re:two", b"re:three"]
+    assert wire.results[sid].status == 0
+    assert handler.closed == 1
+
+
+def test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler_once() -> None:
+    asyncio.run(_test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler_once())
+
+
+async def _test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler_once() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    sid = wire.open()
+    wire.send(sid, b"wait")
+    wire.pump()
+    handler = wire.recorder.handlers[0]
+    assert handler.closed == 0
+    wire.client.reset_stream(sid, f.CANCEL)
+    wire.pump()
+    await wire.settle()
+    assert handler.cancelled
+    assert handler.closed == 1
+    assert wire.server.open_streams == 0
+    assert not gate.done()  # the test's future is untouched; only the handler was cancelled
+    gate.cancel()
+
+
+def test_a_client_reset_of_an_idle_stream_closes_its_handler() -> None:
+    wire = Wire()
+    sid = wire.open()
+    wire.send(sid, b"one")
+    wire.pump()
+    wire.client.reset_stream(sid, f.CANCEL)
+    wire.pump()
+    assert wire.recorder.handlers[0].closed == 1
+    assert wire.server.idle.is_set()
+
+
+def test_losing_the_connection_closes_every_open_handler() -> None:
+    asyncio.run(_test_losing_the_connection_closes_every_open_handler())
+
+
+async def _test_losing_the_connection_closes_every_open_handler() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    idle, suspended = wire.open(), wire.open()
+    wire.send(idle, b"one")
+    wire.send(suspended, b"wait")
+    wire.pump()
+    wire.lose()
+    await wire.server.wait_closed()
+    assert [h.closed for h in wire.recorder.handlers] == [1, 1]
+    assert wire.recorder.handlers[1].cancelled
+    gate.cancel()
+
+
+def test_a_draining_connection_refuses_new_streams_and_finishes_open_ones() -> None:
+    wire = Wire()
+    before = wire.open()
+    wire.send(before, b"one")
+    wire.pump()
+    wire.server.drain()
+    wire.pump()
+    assert wire.goaway is not None
+    assert (wire.goaway.error_code, wire.goaway.last_stream_id) == (f.NO_ERROR, before)
+    # The h2 client stops at a GOAWAY; the rest of the stream is written by hand.
+    wire.raw(f.frame(f.DATA, f.END_STREAM, before, grpc_message(b"two")))
+    out = frames_in(wire.transport.take())
+    assert [(kind, flags & f.END_STREAM) for kind, flags, sid, _ in out if sid == before] == [
+        (f.DATA, 0),
+        (f.HEADERS, f.END_STREAM),
+    ]
+    assert wire.recorder.handlers[0].messages == [b"one", b"two"]
+    assert wire.server.idle.is_set()
+    # A stream the client opens anyway (it had not seen the GOAWAY) is refused.
+    wire.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, before + 2, header_block()))
+    assert f.rst_stream(before + 2, f.REFUSED_STREAM) in wire.transport.take()
+    assert len(wire.recorder.handlers) == 1
+
+
+PROTOCOL_VIOLATIONS = [
+    pytest.param(f.frame(f.DATA, 0, 0, b"x"), f.PROTOCOL_ERROR, id="data-on-stream-0"),
+    pytest.param(f.frame(f.DATA, 0, 7, b"x"), f.PROTOCOL_ERROR, id="data-on-an-idle-stream"),
+    pytest.param(f.frame(f.HEADERS, f.END_HEADERS, 2, header_block()), f.PROTOCOL_ERROR, id="even-stream"),
+    pytest.param(f.frame(f.CONTINUATION, f.END_HEADERS, 1, b""), f.PROTOCOL_ERROR, id="lone-continuation"),
+    pytest.param(
+        f.frame(f.HEADERS, 0, 1, header_block()) + f.frame(f.PING, 0, 0, b"12345678"),
+        f.PROTOCOL_ERROR,
+        id="frame-inside-a-header-block",
+    ),
+    pytest.param(f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff"), f.COMPRESSION_ERROR, id="bad-hpack"),
+    pytest.param(f.frame(f.SETTINGS, 0, 0, b"\x00\x04\x00"), f.FRAME_SIZE_ERROR, id="settings-length"),
+    pytest.param(
+        f.settings_frame({f.SETTINGS_MAX_FRAME_SIZE: 100}), f.PROTOCOL_ERROR, id="settings-frame-size"
+    ),
+    pytest.param(f.window_update(0, f.MAX_WINDOW), f.FLOW_CONTROL_ERROR, id="window-overflow"),
+    pytest.param(f.window_update(0, 0), f.PROTOCOL_ERROR, id="window-update-of-zero"),
+    pytest.param(f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"), f.PROTOCOL_ERROR, id="push"),
+    pytest.param(f.frame(f.PING, 0, 0, b"short"), f.PROTOCOL_ERROR, id="ping-length"),
+    pytest.param(
+        b"\x10\x00\x01" + b"\x00\x00\x00\x00\x00\x01", f.FRAME_SIZE_ERROR, id="frame-over-the-limit"
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "code"), PROTOCOL_VIOLATIONS)
+def test_a_protocol_violation_ends_the_connection_with_goaway(data: bytes, code: int) -> None:
+    wire = Wire(limits=Limits(max_frame_bytes=f.DEFAULT_MAX_FRAME))
+    wire.raw(data)
+    assert goaway_code(wire.transport.take()) == code
+    assert wire.transport.closed
+
+
+def test_a_connection_without_the_http2_preface_is_refused() -> None:
+    transport = FakeTransport()
+    server = Connection({}, Limits())
+    server.connection_made(transport)  # type: ignore[arg-type]
+    server.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert goaway_code(transport.take()) == f.PROTOCOL_ERROR
+    assert transport.closed
+
+
+def test_a_broken_stream_does_not_end_the_connection() -> None:
+    wire = Wire()
+    sid = wire.open()
+    wire.send(sid, b"one", end=True)
+    wire.pump()
+    wire.raw(f.window_update(sid, 5))  # a closed stream: frames in flight are expected
+    wire.raw(f.frame(f.DATA, 0, sid, b"late"))
+    assert not wire.transport.closed
+    other = wire.open()
+    wire.send(other, b"two", end=True)
+    wire.pump()
+    assert wire.results[other].replies == [b"re:two"]
+
+
+def test_a_header_block_repeated_after_the_table_changed_is_decoded_again() -> None:
+    """Decoded blocks are remembered only while the HPACK table stays as it was (Envoy's blocks repeat)."""
+    path, other = PATH.encode(), b"/other.Service/Method"
+
+    def indexed_path(value: bytes) -> bytes:  # ":path: value", literal with incremental indexing
+        return b"\x44" + bytes([len(value)]) + value
+
+    first = b"\x83\x86" + indexed_path(path)  # adds (:path, PATH) as dynamic entry 62
+    repeat = b"\x83\x86\xbe"  # :method POST, :scheme http, dynamic entry 62
+    wire = Wire()
+    for stream_id, block in (
+        (1, first),
+        (3, repeat),
+        (5, repeat),
+        (7, b"\x83\x86" + indexed_path(other)),
+        (9, repeat),
+    ):
+        wire.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, block))
+    assert len(wire.recorder.handlers) == 3  # streams 1, 3, 5; stream 7 named another method...
+    unimplemented = [
+        sid for kind, _, sid, payload in frames_in(wire.transport.take()) if b"grpc-status\x0212" in payload
+    ]
+    assert unimplemented == [7, 9]  # ...and so did stream 9: entry 62 is now that path
