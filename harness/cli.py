@@ -23,7 +23,7 @@ from harness import go_binaries
 from harness.binaries import kubectl_path
 from harness.controlplane import FULL, MINIMAL, ControlPlane, ControlPlaneStartError
 
-PLUGGABLE_COMMANDS: Final = ("demo", "replay", "bench")
+PLUGGABLE_COMMANDS: Final = ("demo", "replay", "bench", "conformance")
 _WATCH_INTERVAL: Final = 0.5
 
 
@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --with-epp: no demo pool; the EPP and Envoy serve this pool, which you apply with kubectl "
         "(examples/cluster/vllm-sim.yaml defines vllm-llama3-8b-instruct)",
     )
+    up.add_argument(
+        "--epp-command",
+        metavar="CMD",
+        help="with --with-epp: run this EPP instead of ours: a command line taking upstream's flag names "
+        "(quoted), 'upstream[:vX.Y.Z]' (built by `harness build --upstream-epp`) or 'ours'",
+    )
     up.set_defaults(handler=cmd_up)
 
     build = commands.add_parser(
@@ -95,8 +101,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         from harness.demo import up_with_epp
 
         return up_with_epp(args)
-    if args.pool:
-        print("error: --pool goes with --with-epp", file=sys.stderr)
+    if args.pool or args.epp_command:
+        print("error: --pool and --epp-command go with --with-epp", file=sys.stderr)
         return 2
     stop_requested = threading.Event()
 

@@ -104,6 +104,27 @@ class EppCommand:
         return cls(tuple(shlex.split(command_line)), dialect, tuple(fixed_ports), label)
 
     @classmethod
+    def from_text(cls, text: str, fixed_ports: str | None = None) -> EppCommand:
+        """What a user types (``--epp-command``): ``ours``, ``upstream[:vX.Y.Z]``, or a command line in
+        the upstream dialect. A command line of unknown provenance is assumed to bind
+        controller-runtime's ``:8080`` as upstream's does (so two never run at once on a host) unless
+        ``fixed_ports`` (a comma list, ``""`` for none) says otherwise.
+
+        Raises ``BinaryNotFoundError`` for an upstream release that is not built.
+        """
+        if text == "ours":
+            return cls.ours()
+        if text == "upstream" or text.startswith("upstream:"):
+            _, _, version = text.partition(":")
+            return cls.upstream(version) if version else cls.upstream()
+        ports = (
+            (CONTROLLER_RUNTIME_METRICS_PORT,)
+            if fixed_ports is None
+            else tuple(int(p) for p in fixed_ports.split(",") if p.strip())
+        )
+        return cls.parse(text, fixed_ports=ports)
+
+    @classmethod
     def ours(cls) -> EppCommand:
         """Our EPP, as ``EppProcess`` runs it (``python -m epp``)."""
         return cls((sys.executable, "-m", "epp"), "ours", (), "epp (ours)")

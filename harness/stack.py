@@ -4,11 +4,19 @@
 pods go through the API server (`harness.cluster.Cluster`); the node agent runs the pods' simulators;
 the EPP runs as its own process with a kubeconfig, exactly as in a cluster; clients talk to Envoy's
 listener only. What the EPP holds is read through `harness.observer.EppObserver`.
+
+Any EPP (``StackOptions.epp_command``, `harness.foreign_epp`): the Stack runs that command line with
+upstream's flag names instead of our `EppProcess`. If it has a ``/debug/datastore`` (ours does) the
+white-box observer reads it; otherwise (``white_box`` False) membership is judged from traffic by
+`harness.traffic_oracle.TrafficOracle` (``stack.traffic``), and reading the datastore raises
+`NoDatastoreView` with a message saying so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,14 +25,26 @@ from kubernetes import client
 from harness.cluster import Cluster
 from harness.controlplane import ClusterAccess
 from harness.envoy import Envoy, EnvoyOptions
+from harness.epp_probe import datastore_view
 from harness.epp_process import EppProcess
 from harness.eventually import eventually
+from harness.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
+from harness.metrics_access import MetricsReader
 from harness.namespaces import create_namespace
 from harness.observer import EppObserver
+from harness.ports import LOOPBACK
 from harness.settle import SettleBarrier
 from harness.sim import SimConfig
+from harness.traffic_oracle import TrafficOracle
 
 BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# How long a Stack waits for another EPP on this host to free a port it always binds (upstream's :8080).
+FIXED_PORT_WAIT_S = 900.0
+EVIDENCE_REQUESTS = 12
+
+
+class NoDatastoreView(RuntimeError):
+    """The EPP under test has no ``/debug/datastore`` (any EPP but ours)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,11 @@ class StackOptions:
     envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
     epp_args: Sequence[str] = ()
     epp_env: Mapping[str, str] = field(default_factory=dict)
+    # Run this EPP command line instead of our EppProcess (None: ours, as EppProcess runs it).
+    epp_command: EppCommand | None = None
+    # The model the traffic oracle probes membership with (None: the first model served as the base
+    # model, which every pod serves and no LoRA affinity steers).
+    probe_model: str | None = None
     # False: the Stack applies no pool, models or pods: the EPP and Envoy serve a pool that a user
     # (kubectl apply of examples/cluster/, a test) creates in the namespace afterwards.
     apply_pool: bool = True
@@ -78,7 +103,10 @@ class Stack:
         self.cluster: Cluster | None = None
         self.observer: EppObserver | None = None
         self.epp: EppProcess | None = None
+        self.foreign_epp: ForeignEpp | None = None
         self.envoy: Envoy | None = None
+        self.traffic: TrafficOracle | None = None
+        self._metrics_reader: MetricsReader | None = None
 
     def start(self) -> None:
         try:
@@ -102,23 +130,50 @@ class Stack:
                     model.name, model.model_name, criticality=model.criticality, targets=model.targets
                 )
             cluster.add_pods([cluster.pod_body(f"{opts.pool_name}-{i}") for i in range(opts.pods)])
-        self.epp = EppProcess(
-            opts.pool_name,
-            opts.namespace,
-            self.access.kubeconfig_path,
-            # One body limit for both: Envoy's buffer and the EPP's 413 (epp_args may still override).
-            extra_args=[f"--maxRequestBodyBytes={opts.envoy.buffer_limit_bytes}", *opts.epp_args],
-            extra_env=dict(opts.epp_env),
-        )
-        self.epp.start()
-        self.observer = EppObserver(
-            cluster.kube, opts.namespace, opts.pool_name, self.settle_barrier, self.epp.datastore_view
-        )
-        if opts.apply_pool:
-            self.epp.wait_serving()
-            self.wait_pods_scraped(opts.pods)
-        self.envoy = Envoy(self.epp.ext_proc_address, options=opts.envoy, ext_proc_tls=self.epp.ext_proc_tls)
+        body_limit = f"--maxRequestBodyBytes={opts.envoy.buffer_limit_bytes}"
+        if opts.epp_command is None:
+            self.epp = EppProcess(
+                opts.pool_name,
+                opts.namespace,
+                self.access.kubeconfig_path,
+                # One body limit for both: Envoy's buffer and the EPP's 413 (epp_args may still override).
+                extra_args=[body_limit, *opts.epp_args],
+                extra_env=dict(opts.epp_env),
+            )
+            self.epp.start()
+            read_view: Callable[[], dict[str, Any]] | None = self.epp.datastore_view
+            ext_proc_address, ext_proc_tls = self.epp.ext_proc_address, self.epp.ext_proc_tls
+        else:
+            command = opts.epp_command
+            self.foreign_epp = foreign = ForeignEpp(
+                command,
+                opts.pool_name,
+                opts.namespace,
+                self.access.kubeconfig_path,
+                extra_args=[*sim_metric_args(command), *opts.epp_args],
+                ours_args=[body_limit, "--shutdownDelay=0s"],
+                extra_env=dict(opts.epp_env),
+                # Fixed ports (upstream's :8080) are shared by every such EPP on the host: wait for
+                # the one holding them instead of failing (xdist workers then take turns).
+                fixed_port_wait=FIXED_PORT_WAIT_S,
+            )
+            foreign.start()
+            debug_url = foreign.debug_url
+            read_view = (lambda: datastore_view(debug_url)) if debug_url is not None else None
+            ext_proc_address, ext_proc_tls = foreign.ext_proc_address, foreign.ext_proc_tls
+        if read_view is not None:
+            self.observer = EppObserver(
+                cluster.kube, opts.namespace, opts.pool_name, self.settle_barrier, read_view
+            )
+        self.envoy = Envoy(ext_proc_address, options=opts.envoy, ext_proc_tls=ext_proc_tls)
         self.envoy.start()
+        self.traffic = TrafficOracle(self.base_url, cluster, opts.probe_model or probe_model(opts.models))
+        if opts.apply_pool:
+            self.wait_serving()
+            if self.white_box:
+                self.wait_pods_scraped(opts.pods)
+            else:
+                self.traffic.eventually_routes_to(timeout=60.0)
 
     def stop(self) -> None:
         try:
@@ -130,8 +185,15 @@ class Stack:
                 if self.epp is not None:
                     self.epp.close()
                     self.epp = None
+                if self.foreign_epp is not None:
+                    self.foreign_epp.close()
+                    self.foreign_epp = None
             finally:
                 self.observer = None
+                self.traffic = None
+                if self._metrics_reader is not None:
+                    self._metrics_reader.close()
+                    self._metrics_reader = None
                 if self.cluster is not None:
                     self.cluster.close()
                     self.cluster = None
@@ -153,9 +215,47 @@ class Stack:
         assert self.envoy is not None
         return f"{self.envoy.base_url}/v1"
 
+    @property
+    def white_box(self) -> bool:
+        """Whether the EPP under test shows its datastore (``/debug/datastore``); else traffic tells."""
+        return self.observer is not None
+
+    @property
+    def epp_name(self) -> str:
+        opts = self.options
+        return "epp (ours)" if opts.epp_command is None else opts.epp_command.name
+
+    @property
+    def epp_metrics_url(self) -> str:
+        """The EPP's Prometheus endpoint base URL (upstream's wants a bearer token; ours does not)."""
+        if self.epp is not None:
+            return self.epp.metrics_url
+        assert self.foreign_epp is not None, "the Stack is not started"
+        return f"http://{LOOPBACK}:{self.foreign_epp.metrics_port}"
+
+    def epp_metrics_text(self) -> str:
+        """The EPP's Prometheus page, read with a ServiceAccount token (`harness.metrics_access`):
+        upstream's demands one, ours ignores it."""
+        if self.epp is not None:
+            return self.epp.metrics_text()
+        assert self._api is not None, "the Stack is not started"
+        if self._metrics_reader is None:
+            self._metrics_reader = MetricsReader(self._api, self.options.namespace)
+        return self._metrics_reader.metrics_text(self.epp_metrics_url)
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        """Until the EPP's gRPC health is SERVING (it knows the pool) and ext_proc takes TLS."""
+        if self.epp is not None:
+            self.epp.wait_serving(timeout)
+        elif self.foreign_epp is not None:
+            self.foreign_epp.wait_serving(timeout)
+
     def datastore_view(self) -> dict[str, Any]:
-        assert self.epp is not None
-        return self.epp.datastore_view()
+        if self.observer is None:
+            raise NoDatastoreView(
+                f"{self.epp_name} has no /debug/datastore: use the traffic oracle (stack.traffic) instead"
+            )
+        return self.observer.view()
 
     def settled(self, timeout: float = 15.0, *, at: Mapping[str, str | int] | None = None) -> dict[str, Any]:
         """The settle barrier (`EppObserver.settled`) against this Stack's EPP process.
@@ -163,7 +263,10 @@ class Stack:
         Writes made through `cluster` are recorded; `at` adds resourceVersions written with kubectl
         (per kind plural, e.g. ``{"pods": rv}``). Call it before any "X did not happen" check.
         """
-        assert self.observer is not None, "the Stack is not started"
+        if self.observer is None:
+            raise NoDatastoreView(
+                f"{self.epp_name} has no /debug/datastore to settle on: poll an outcome (stack.traffic)"
+            )
         return self.observer.settled(timeout, at=at)
 
     def dead_processes(self) -> list[str]:
@@ -172,15 +275,65 @@ class Stack:
             dead.append("envoy")
         if self.epp is not None and not self.epp.running:
             dead.append("epp")
+        if self.foreign_epp is not None and not self.foreign_epp.running:
+            dead.append(self.foreign_epp.command.name)
         return dead
 
     def log_tails(self) -> str:
         parts = []
         if self.epp is not None:
             parts.append(f"--- epp log ---\n{self.epp.log_tail()}")
+        if self.foreign_epp is not None:
+            parts.append(f"--- {self.foreign_epp.command.name} log ---\n{self.foreign_epp.log_tail()}")
         if self.envoy is not None:
             parts.append(f"--- envoy log ---\n{self.envoy.log_tail()}")
         return "\n".join(parts)
+
+    def evidence(self, requests: int = EVIDENCE_REQUESTS) -> str:
+        """What a conformance report shows for a failed scenario: the last requests Envoy completed
+        (method, path, status, the pod that got it), the traffic oracle's last rounds, and what each
+        pod's simulator has counted. Best effort: a part that cannot be read says why."""
+        lines = [f"EPP under test: {self.epp_name}"]
+        cluster = self.cluster
+        if self.envoy is not None:
+            entries = self._flushed_access_log()[-requests:]
+            lines.append(f"last {len(entries)} requests through Envoy (method path -> status, pod):")
+            for entry in entries:
+                host = entry.get("upstream_host")
+                pod = (cluster.pod_for_endpoint(host) if cluster is not None else None) or host or "no pod"
+                lines.append(f"  {entry.get('method')} {entry.get('path')} -> {entry.get('status')}, {pod}")
+        if self.traffic is not None:
+            for verdict in self.traffic.rounds[-3:]:
+                lines.append(f"traffic oracle round: {verdict.summary()}")
+        if cluster is not None:
+            counts = []
+            for name, pod in sorted(cluster.pods.items()):
+                try:
+                    counts.append(f"{name}={sum(pod.sim().requests_by_model().values())}")
+                except OSError as exc:
+                    counts.append(f"{name}=? ({type(exc).__name__})")
+            lines.append(f"requests each pod's simulator counted: {', '.join(counts) or 'no pods'}")
+        return "\n".join(lines)
+
+    def _flushed_access_log(self) -> list[dict[str, Any]]:
+        """The access log once it holds every request Envoy completed (it flushes every 100 ms); what
+        it holds after 5 s otherwise (evidence must not turn into a second failure)."""
+        envoy = self.envoy
+        assert envoy is not None
+        url = f"{envoy.admin_url}/stats?format=json&filter=%5Ehttp%5C.ingress%5C.downstream_rq_completed%24"
+
+        def flushed() -> list[dict[str, Any]]:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                stats = json.load(response)["stats"]
+            completed = sum(int(s.get("value", 0)) for s in stats)
+            log = envoy.access_log()
+            assert len(log) >= completed, f"{len(log)} access-log entries for {completed} completed requests"
+            return log
+
+        try:
+            return eventually(flushed, timeout=5.0, message="Envoy flushed its access log")
+        except (AssertionError, OSError):
+            return envoy.access_log()
 
     def wait_pods_scraped(self, count: int, timeout: float = 30.0) -> None:
         """Until the EPP holds `count` pods, each with fresh metrics (routing decisions are real)."""
@@ -191,6 +344,15 @@ class Stack:
             assert len(fresh) == count, f"{len(fresh)}/{count} pods scraped"
 
         eventually(scraped, timeout=timeout, message="EPP scraped every pod")
+
+
+def probe_model(models: Sequence[ModelSpec]) -> str:
+    """The model membership probes ask for: one served as the base model (every pod has it; no LoRA
+    affinity steers it), Critical/Standard before Sheddable (never shed while a pod exists)."""
+    base = [m for m in models if m.model_name == BASE_MODEL or m.targets == ((BASE_MODEL, None),)]
+    if not base:
+        raise ValueError(f"no model served as {BASE_MODEL}: pass StackOptions.probe_model")
+    return min(base, key=lambda m: m.criticality == "Sheddable").name
 
 
 def _ensure_namespace(api: client.ApiClient, namespace: str) -> None:

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness import guards
+from harness.conformance_plugin import STARTED_STACKS
 from harness.controlplane import ClusterAccess
+from harness.foreign_epp import EppCommand
 from harness.pytest_plugin import namespace_name
 
 if TYPE_CHECKING:  # imported when first used: Envoy's API types are slow to import for unit-only runs
@@ -39,16 +41,25 @@ StackFactory = Callable[..., "Stack"]
 
 
 @pytest.fixture
-def stack_factory(control_plane: ClusterAccess, namespace: str) -> Iterator[StackFactory]:
-    """``stack_factory(**StackOptions fields but namespace)`` -> a started Stack, stopped after the test."""
+def stack_factory(
+    control_plane: ClusterAccess,
+    namespace: str,
+    epp_command: EppCommand | None,
+    request: pytest.FixtureRequest,
+) -> Iterator[StackFactory]:
+    """``stack_factory(**StackOptions fields but namespace)`` -> a started Stack, stopped after the test.
+
+    The EPP is ``--epp-command``'s when one is given (`harness.conformance_plugin`), else ours."""
     from harness.stack import Stack, StackOptions
 
     started: list[Stack] = []
+    request.node.stash[STARTED_STACKS] = started
 
     def make(**changes: Any) -> Stack:
         if started:
             raise RuntimeError("one Stack per test: the namespace and the pool name are the test's own")
-        stack = Stack(control_plane, dataclasses.replace(StackOptions(namespace=namespace), **changes))
+        options = StackOptions(namespace=namespace, epp_command=epp_command)
+        stack = Stack(control_plane, dataclasses.replace(options, **changes))
         started.append(stack)
         stack.start()
         return stack
@@ -69,12 +80,18 @@ def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
 
 
 @pytest.fixture(scope="module")
-def shared_stack(control_plane: ClusterAccess, shared_stack_options: StackOptions) -> Iterator[Stack]:
-    """One Stack for every test of the module; checked for leaks at its own teardown."""
+def shared_stack(
+    control_plane: ClusterAccess, shared_stack_options: StackOptions, epp_command: EppCommand | None
+) -> Iterator[Stack]:
+    """One Stack for every test of the module (running ``--epp-command``'s EPP when given);
+    checked for leaks at its own teardown."""
     from harness.stack import Stack
 
+    options = shared_stack_options
+    if options.epp_command is None and epp_command is not None:
+        options = dataclasses.replace(options, epp_command=epp_command)
     before = guards.snapshot()
-    stack = Stack(control_plane, shared_stack_options)
+    stack = Stack(control_plane, options)
     try:
         stack.start()
         yield stack

@@ -19,13 +19,16 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final
 
+from harness.binaries import BinaryNotFoundError
 from harness.command import StartError, no_children_left, say, signals_raise_interrupt
 from harness.demo.environment import LOAD_MODEL, SIM_CONFIG, DemoEnvironment, print_access
 from harness.demo.load import BACKGROUND_EXTRA_PER_POD, plan, run_phase
 from harness.demo.report import PhaseResults, collect, parse_epp_metrics, saturation_text
+from harness.foreign_epp import EppCommand
 
 HELP: Final = "run the EPP, Envoy and 4 simulated pods locally, send requests, print what happened"
 
@@ -59,6 +62,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="requests in flight (default 8; 4x that in the saturated phase, where they mostly queue)",
     )
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the request mix (default 7)")
+    add_epp_command_argument(parser)
+
+
+def add_epp_command_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--epp-command",
+        metavar="CMD",
+        help="run this EPP instead of ours: a command line taking upstream's flag names (quoted), "
+        "'upstream[:vX.Y.Z]' (built by `harness build --upstream-epp`) or 'ours'",
+    )
+
+
+def epp_command_of(args: argparse.Namespace) -> EppCommand | None:
+    """``--epp-command`` as an ``EppCommand`` (None: ours, as ``EppProcess`` runs it)."""
+    text = getattr(args, "epp_command", None)
+    return EppCommand.from_text(text) if text else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +86,11 @@ def run(args: argparse.Namespace) -> int:
         print("error: --requests must be >= 2 and --concurrency >= 1", file=sys.stderr)
         return 2
     started = time.monotonic()
-    env = DemoEnvironment()
+    try:
+        env = DemoEnvironment(epp_command=epp_command_of(args))
+    except BinaryNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     with signals_raise_interrupt():
         try:
             env.start()
@@ -115,23 +138,29 @@ def drive(env: DemoEnvironment, total: int, concurrency: int, rng: random.Random
         f"saturated phase: {background} long Critical {LOAD_MODEL.model_name} requests kept in flight "
         f"until every pod has more than {SHED_QUEUE} waiting or KV above {SHED_KV:.0%} (real load)"
     )
-    assert stack.epp is not None
-    epp = stack.epp
+    if stack.white_box:
+        before: Callable[[], Any] = lambda: env.wait_epp_sees(saturated, "every pod saturated")  # noqa: E731
+    else:
+        before = lambda: env.wait_sheddable(shed=True)  # noqa: E731
     run = run_phase(
         "saturated",
         stack.base_url,
         saturated_calls,
         concurrency * SATURATED_CONCURRENCY_FACTOR,
         background=(background, LOAD_MODEL.model_name),
-        before=lambda: env.wait_epp_sees(saturated, "every pod saturated"),
-        after=lambda: parse_epp_metrics(epp.metrics_text()),
+        before=before,
+        after=lambda: parse_epp_metrics(stack.epp_metrics_text()),
     )
     results.saturated_seconds = run.seconds
     results.outcomes += run.outcomes
     results.saturation_seen = list(run.before or [])
     results.metrics_saturated = run.after
-    say(f"  the EPP saw, per pod, when the phase began: {saturation_text(results.saturation_seen)}")
-    env.wait_epp_sees(lambda m: not saturated(m), "the end of saturation")
+    if stack.white_box:
+        say(f"  the EPP saw, per pod, when the phase began: {saturation_text(results.saturation_seen)}")
+        env.wait_epp_sees(lambda m: not saturated(m), "the end of saturation")
+    else:
+        say(f"  {stack.epp_name} shows no datastore: it shed a Sheddable request when the phase began")
+        env.wait_sheddable(shed=False)
     return results
 
 
@@ -148,7 +177,11 @@ def up_with_epp(args: argparse.Namespace) -> int:
         return 2
     stop_requested = False
     pool = getattr(args, "pool", None)
-    env = DemoEnvironment(pool=split_pool(pool) if pool else None)
+    try:
+        env = DemoEnvironment(pool=split_pool(pool) if pool else None, epp_command=epp_command_of(args))
+    except BinaryNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stop_requested

@@ -14,10 +14,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import httpx2
+
 from harness.binaries import kubectl_path
 from harness.command import StartError, interrupts_deferred, say, start_control_plane
 from harness.controlplane import ControlPlane
 from harness.eventually import eventually
+from harness.foreign_epp import EppCommand
 from harness.sim import SimConfig
 from harness.stack import BASE_MODEL, DEMO_ADAPTERS, DEMO_MODELS, ModelSpec, Stack, StackOptions
 
@@ -31,6 +34,7 @@ SIM_CONFIG: Final = SimConfig(
     model=BASE_MODEL, lora_adapters=DEMO_ADAPTERS, max_loras=2, max_num_seqs=8, time_scale=0.5
 )
 METRICS_SETTLE_TIMEOUT_S: Final = 30.0
+SHEDDABLE_PROBE_MODEL: Final = "summaries-batch"
 
 
 class DemoEnvironment:
@@ -38,11 +42,17 @@ class DemoEnvironment:
 
     ``pool`` (namespace, name): instead of the demo's pool, models and pods, only the EPP and Envoy
     for that pool, which the user then applies with kubectl (``harness up --with-epp --pool``).
+    ``epp_command``: run that EPP instead of ours (``--epp-command``, `harness.foreign_epp`).
     """
 
     def __init__(
-        self, pods: int = 4, models: Sequence[ModelSpec] = MODELS, pool: tuple[str, str] | None = None
+        self,
+        pods: int = 4,
+        models: Sequence[ModelSpec] = MODELS,
+        pool: tuple[str, str] | None = None,
+        epp_command: EppCommand | None = None,
     ) -> None:
+        self.epp_command = epp_command
         self.pods = 0 if pool else pods
         self.models = () if pool else tuple(models)
         self.pool = pool
@@ -59,11 +69,17 @@ class DemoEnvironment:
         if self.pool is None:
             say(f"starting {self.pods} simulated vLLM pods, the pool and models, the EPP and Envoy ...")
             options = StackOptions(
-                namespace=NAMESPACE, pods=self.pods, models=self.models, sim_config=SIM_CONFIG
+                namespace=NAMESPACE,
+                pods=self.pods,
+                models=self.models,
+                sim_config=SIM_CONFIG,
+                epp_command=self.epp_command,
             )
         else:
             say(f"starting the EPP and Envoy for pool {self.pool[1]} in namespace {self.pool[0]} ...")
-            options = StackOptions(namespace=self.pool[0], pool_name=self.pool[1], apply_pool=False)
+            options = StackOptions(
+                namespace=self.pool[0], pool_name=self.pool[1], apply_pool=False, epp_command=self.epp_command
+            )
         self.stack = Stack(self.plane.access, options)
         try:
             self.stack.start()
@@ -118,11 +134,26 @@ class DemoEnvironment:
 
         return eventually(seen, timeout=METRICS_SETTLE_TIMEOUT_S, message=f"the EPP saw {what}")
 
+    def wait_sheddable(self, shed: bool) -> None:
+        """For an EPP without a datastore view: until a Sheddable request is shed (429), or served.
+
+        An EPP sheds it only when it sees no pod with room, so a 429 says what the view would have.
+        """
+        stack = self.running_stack
+        body = {"model": SHEDDABLE_PROBE_MODEL, "prompt": "is there room?", "max_tokens": 1}
+
+        def answered() -> None:
+            status = httpx2.post(f"{stack.base_url}/completions", json=body, timeout=60).status_code
+            want = 429 if shed else 200
+            assert status == want, f"a Sheddable request got {status}, waiting for {want}"
+
+        what = "shed Sheddable requests" if shed else "serve Sheddable requests again"
+        eventually(answered, timeout=METRICS_SETTLE_TIMEOUT_S, message=f"the EPP {what}")
+
 
 def print_access(env: DemoEnvironment, copy_to: Path | None) -> None:
     plane, stack = env.plane, env.running_stack
     assert plane is not None
-    assert stack.epp is not None
     kubeconfig = plane.kubeconfig_path
     if copy_to is not None:
         shutil.copyfile(kubeconfig, copy_to)
@@ -147,7 +178,11 @@ def print_access(env: DemoEnvironment, copy_to: Path | None) -> None:
     print(f"export OPENAI_BASE_URL={stack.base_url}")
     print("export OPENAI_API_KEY=unused")
     print(f"curl:       {curl}")
-    print(f"EPP:        {stack.epp.metrics_url}/metrics  {stack.epp.debug_url}/debug/datastore")
+    if stack.epp is not None:
+        print(f"EPP:        {stack.epp.metrics_url}/metrics  {stack.epp.debug_url}/debug/datastore")
+    else:
+        view = "" if stack.white_box else "; no datastore view"
+        print(f"EPP:        {stack.epp_name}: {stack.epp_metrics_url}/metrics (bearer token){view}")
     if plane.access.node_agent_url:
         print(f"pods:       {plane.access.node_agent_url}/debug/pods (the node agent's view)")
     if env.models:

@@ -211,9 +211,8 @@ def saturation_text(seen: Sequence[dict[str, Any]]) -> str:
 
 def collect(env: DemoEnvironment, results: PhaseResults, background_model: str) -> Report:
     stack = env.running_stack
-    cluster, epp, envoy = stack.cluster, stack.epp, stack.envoy
+    cluster, envoy = stack.cluster, stack.envoy
     assert cluster is not None
-    assert epp is not None
     assert envoy is not None
     pods = [(name, f"{pod.ip}:{SIM_PORT}") for name, pod in sorted(cluster.pods.items())]
     by_address = {address: name for name, address in pods}
@@ -240,8 +239,8 @@ def collect(env: DemoEnvironment, results: PhaseResults, background_model: str) 
         served=served,
         envoy_by_pod=dict(envoy_by_pod),
         envoy_entries=len(entries),
-        metrics=parse_epp_metrics(epp.metrics_text()),
-        metrics_url=f"{epp.metrics_url}/metrics",
+        metrics=parse_epp_metrics(stack.epp_metrics_text()),
+        metrics_url=f"{stack.epp_metrics_url}/metrics",
         criticality={m.model_name: m.criticality or "Standard" for m in env.models},
         splits={m.model_name: m.targets for m in env.models},
         background_model=background_model,

@@ -86,7 +86,15 @@ def wait_routable(stack: Stack, pods: Sequence[str], timeout: float = 15.0) -> N
 
     Settling first makes "exactly" mean something for the pods that must NOT be there: the EPP has
     applied every pod write the test made, so a pod it would wrongly add is already in the view.
+
+    An EPP without that view (``--epp-command``): the traffic oracle instead, until one round of
+    requests lands on exactly ``pods`` (`harness.traffic_oracle`: each routable pod is seen with
+    probability >= 1 - 1e-5 per round).
     """
+    if not stack.white_box:
+        assert stack.traffic is not None, "the Stack is not started"
+        stack.traffic.eventually_routes_to(pods, timeout=max(timeout, 30.0))
+        return
     stack.settled(timeout=timeout)
 
     def check() -> None:

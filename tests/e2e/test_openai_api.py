@@ -33,7 +33,7 @@ from .support import (
     total_requests,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.epp_agnostic]
 
 SPLIT_TARGETS = {"food-review-1": 0.7, "food-review-2": 0.3}
 SPLIT_REQUESTS = 300
@@ -155,6 +155,7 @@ def test_two_mib_prompt_is_routed(shared_stack: Stack, model: str, target: str) 
 # ---------------------------------------------------------------------------------------- errors
 
 
+@pytest.mark.departure("readable-error-bodies")
 def test_unknown_model_is_404_with_a_message(shared_stack: Stack) -> None:
     served_before = total_requests(shared_stack)
     log_start = len(settled_access_log(shared_stack))
@@ -181,6 +182,7 @@ def test_unknown_model_is_404_with_a_message(shared_stack: Stack) -> None:
         pytest.param(b'{"prompt": "hello"}', 'missing or non-string "model"', id="no-model-field"),
     ],
 )
+@pytest.mark.departure("readable-error-bodies")
 def test_malformed_body_is_400_with_a_message(shared_stack: Stack, body: bytes, message: str) -> None:
     served_before = total_requests(shared_stack)
     # Raw HTTP: the SDK only sends well-formed bodies.

@@ -25,7 +25,7 @@ from .support import (
     wait_routable,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.epp_agnostic]
 
 # The base model, Critical: never shed while a pod exists, and with no LoRA traffic the EPP spreads it
 # over every pod. (A LoRA model would stick to the first pod that served it: a pod that has never
@@ -81,6 +81,7 @@ def test_removed_pod_stops_receiving_traffic(
         assert requests_by_model(stack)[gone] == gone_counts
 
 
+@pytest.mark.departure("503-no-endpoints")
 def test_no_ready_pod_is_503_until_one_is_ready_again(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=2, models=MODELS)
     pods = sorted(cluster_of(stack).pods)

@@ -107,6 +107,7 @@ def received_by(stack: Stack, response: httpx2.Response, path: str) -> tuple[str
         ),
     ],
 )
+@pytest.mark.epp_agnostic
 def test_the_model_server_gets_one_destination_and_the_resolved_model(
     stack: Stack, path: str, fields: dict[str, Any], targets: set[str]
 ) -> None:

@@ -1,0 +1,88 @@
+"""Our EPP with one planted defect, for the black-box oracle's own test: pods being deleted stay routable.
+
+Run as ``python -m tests.e2e.planted_epp`` with upstream's flag names (the test drives it through
+`harness.foreign_epp` in the upstream dialect, so the harness never learns of a ``/debug/datastore``:
+its debug view is put on an ephemeral port nobody is told about, ``--debugPort=0``). The defect is
+injected the way the product allows, through constructors: the pod reconciler reads pods through a
+reader that forgets every ``deletionTimestamp`` (what upstream #713 did on resync); no product code
+knows about it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+from prometheus_client import CollectorRegistry
+
+from epp.api import NamespacedName, ObjectReader
+from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.config import ServerConfig
+from epp.controller.pod_reconciler import PodReconciler
+from epp.datastore import Datastore
+from epp.k8s import Controllers, KubeClient, load_config
+from epp.k8s.controllers import Reconcile, Reconcilers
+from epp.server.flags import parse_flags
+from epp.server.runner import ControllersLike, Epp
+
+
+class DeletionBlindReader:
+    """An ``ObjectReader`` that shows every pod as not being deleted: the planted defect."""
+
+    def __init__(self, inner: ObjectReader) -> None:
+        self._inner = inner
+
+    def get_pool(self, key: NamespacedName) -> InferencePool | None:
+        return self._inner.get_pool(key)
+
+    def get_model(self, key: NamespacedName) -> InferenceModel | None:
+        return self._inner.get_model(key)
+
+    def list_models(self, namespace: str) -> Sequence[InferenceModel]:
+        return self._inner.list_models(namespace)
+
+    def get_pod(self, key: NamespacedName) -> PodObject | None:
+        pod = self._inner.get_pod(key)
+        return None if pod is None else dataclasses.replace(pod, deleting=False)
+
+    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> Sequence[PodObject]:
+        return [dataclasses.replace(p, deleting=False) for p in self._inner.list_pods(namespace, selector)]
+
+
+def deletion_blind_pods(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
+    return PodReconciler(DeletionBlindReader(reader), store).reconcile
+
+
+async def serve(config: ServerConfig) -> int:
+    async with KubeClient(load_config(config.kubeconfig, os.environ)) as client:
+        pool = NamespacedName(config.pool_namespace, config.pool_name)
+
+        def controllers(store: Datastore) -> ControllersLike:
+            return Controllers(
+                client,
+                store,
+                pool,
+                bookmark_interval=config.watch.bookmark_interval,
+                reconcilers=Reconcilers(pod=deletion_blind_pods),
+            )
+
+        epp = Epp(config, registry=CollectorRegistry(), controllers=controllers)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, epp.request_stop)
+        async with epp:
+            await epp.wait()
+    return 0
+
+
+def main() -> int:
+    flags = parse_flags([*sys.argv[1:], "--debugPort=0", "--shutdownDelay=0s"], os.environ)
+    return asyncio.run(serve(flags.config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The conformance plumbing without any EPP: markers and records (`harness.conformance_plugin`), the
+report's classification (`harness.conformance`), and the traffic oracle's bound and judgement."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections import Counter
+
+import pytest
+
+from harness.conformance import Row, classify, render
+from harness.foreign_epp import CONTROLLER_RUNTIME_METRICS_PORT, EppCommand
+from harness.traffic_oracle import _judge, requests_needed
+
+INNER_TESTS = """
+import pytest
+
+@pytest.mark.epp_agnostic
+def test_agnostic_pass():
+    pass
+
+@pytest.mark.epp_agnostic
+@pytest.mark.departure("503-no-endpoints")
+def test_agnostic_departure():
+    assert 429 == 503, "no ready pod answered 429"
+
+@pytest.mark.epp_agnostic
+@pytest.mark.upstream_bug("request-error-total-never-incremented")
+def test_agnostic_bug():
+    assert False, "no sample"
+
+def test_ours_only():
+    pass
+"""
+
+
+def test_records_name_the_departure_and_the_bug(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER_TESTS)
+    out = pytester.path / "records.json"
+    result = pytester.runpytest_inprocess("-p", "no:randomly", f"--conformance-json={out}")
+    result.assert_outcomes(passed=2, failed=2)
+
+    records = {r["nodeid"].split("::")[1]: r for r in json.loads(out.read_text())["tests"]}
+    assert {name: classify(r) for name, r in records.items()} == {
+        "test_agnostic_pass": "pass",
+        "test_agnostic_departure": "differs by design: 503-no-endpoints",
+        "test_agnostic_bug": "upstream bug: request-error-total-never-incremented",
+        "test_ours_only": "pass",
+    }
+    assert "no ready pod answered 429" in records["test_agnostic_departure"]["message"]
+
+
+def test_an_epp_command_runs_only_the_agnostic_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER_TESTS)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "-rs", "--epp-command=/opt/any-epp --x")
+    result.assert_outcomes(passed=1, failed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*not EPP-agnostic*"])
+
+
+def test_an_unknown_departure_name_stops_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_inner="""
+import pytest
+
+@pytest.mark.departure("faster-than-light")
+def test_x():
+    pass
+"""
+    )
+    result = pytester.runpytest_inprocess("-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*faster-than-light*name one of*"])
+
+
+def test_a_setup_error_is_a_failure_even_for_a_departure() -> None:
+    record = {"outcome": "error", "departure": "staleness", "upstream_bug": None}
+    assert classify(record) == "FAIL"
+
+
+def test_the_report_shows_evidence_for_failures_only() -> None:
+    rows = [
+        Row("test_a::pass", "pass", "", ""),
+        Row("test_a::differs", "differs by design: staleness", "stale pod won", "EVIDENCE-DIFFERS"),
+        Row("test_a::bug", "upstream bug: 713-resync-adds-deleting-pods", "leaving=27", "EVIDENCE-BUG"),
+        Row("test_a::fail", "FAIL", "served by nobody", "POST /v1/completions -> 503, no pod"),
+    ]
+    out = io.StringIO()
+    render("upstream:0.3.0", rows, out)
+    text = out.getvalue()
+    assert "differs by design: staleness" in text
+    assert "known upstream bugs shown: 713-resync-adds-deleting-pods" in text
+    assert "--- evidence: test_a::fail" in text
+    assert "POST /v1/completions -> 503, no pod" in text
+    assert "EVIDENCE-DIFFERS" not in text
+    assert "EVIDENCE-BUG" not in text
+
+
+def test_epp_command_text() -> None:
+    assert EppCommand.from_text("ours").dialect == "ours"
+    foreign = EppCommand.from_text("/opt/epp --flag 'a b'")
+    assert foreign.argv == ("/opt/epp", "--flag", "a b")
+    assert foreign.dialect == "upstream"
+    assert foreign.fixed_ports == (CONTROLLER_RUNTIME_METRICS_PORT,)
+    assert EppCommand.from_text("/opt/epp", fixed_ports="").fixed_ports == ()
+    assert EppCommand.from_text("/opt/epp", fixed_ports="8080,9090").fixed_ports == (8080, 9090)
+
+
+# ---------------------------------------------------------------------------------- traffic oracle
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_the_bound_holds_for_a_picker_half_as_fair_as_uniform(k: int) -> None:
+    n = requests_needed(k)
+    assert k * (1 - 0.5 / k) ** n <= 1e-5
+    assert k * (1 - 0.5 / k) ** (n - 5) > 1e-5 * math.exp(-3), "N is not wildly more than needed"
+
+
+def test_a_round_names_a_missing_member_and_a_non_member_with_traffic() -> None:
+    verdict = _judge(frozenset({"a", "b"}), {"a": 10, "b": 0, "leaving": 4}, Counter({200: 14}), 14, "m", 0)
+    assert not verdict.consistent
+    assert "members that got no request in 14: ['b']" in verdict.summary()
+    assert "non-members that got traffic: leaving=4" in verdict.summary()
+
+
+def test_with_no_members_every_request_must_fail_and_reach_no_pod() -> None:
+    assert _judge(frozenset(), {"a": 0}, Counter({503: 24}), 24, "m", 0).consistent
+    served = _judge(frozenset(), {"a": 0}, Counter({200: 1, 503: 23}), 24, "m", 1)
+    assert "1 requests answered 200 with no member" in served.summary()
+    assert "answered by a simulator that is no pod of the pool" in served.summary()
+
+
+def test_failed_requests_with_members_are_inconsistent() -> None:
+    verdict = _judge(frozenset({"a"}), {"a": 20}, Counter({200: 20, 502: 4}), 24, "m", 0)
+    assert "4 of 24 requests failed" in verdict.summary()
