@@ -127,8 +127,8 @@ def classify(record: Mapping[str, Any]) -> str:
         return "pass"
     if outcome == "skipped":
         return "skipped"
-    if outcome != "failed":  # an error setting up or tearing down is never a behaviour difference
-        return "FAIL"
+    if outcome != "failed" or record.get("stack_start_failed"):
+        return "FAIL"  # an error setting up a scenario is never a behaviour difference
     if record.get("departure"):
         return f"differs by design: {record['departure']}"
     if record.get("upstream_bug"):

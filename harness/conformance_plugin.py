@@ -119,10 +119,14 @@ def _marker_name(item: pytest.Item, kind: str) -> str | None:
     return str(marker.args[0]) if marker is not None and marker.args else None
 
 
-def _evidence(item: pytest.Item) -> str:
+def _evidence(item: pytest.Item, error: BaseException | None) -> str:
     stack_module = sys.modules.get("harness.stack")
     if stack_module is None:
         return ""
+    notes = getattr(error, "__notes__", None) or []
+    started = [note for note in notes if str(note).startswith(stack_module.EVIDENCE_NOTE)]
+    if started:  # a Stack that failed to start noted what it had seen before it stopped
+        return "\n".join(str(note).split("\n", 1)[-1] for note in started)
     funcargs: dict[str, Any] = getattr(item, "funcargs", {})
     stacks = {id(v): v for v in funcargs.values() if isinstance(v, stack_module.Stack)}
     stacks.update({id(s): s for s in item.stash.get(STARTED_STACKS, [])})
@@ -135,6 +139,12 @@ def _evidence(item: pytest.Item) -> str:
     return "\n".join(parts)
 
 
+def _stack_start_failed(error: BaseException | None) -> bool:
+    stack_module = sys.modules.get("harness.stack")
+    notes = getattr(error, "__notes__", None) or []
+    return stack_module is not None and any(str(n).startswith(stack_module.EVIDENCE_NOTE) for n in notes)
+
+
 STARTED_STACKS = pytest.StashKey[list[Any]]()
 """Stacks a test started through ``stack_factory`` (the fixture records them for the evidence)."""
 
@@ -143,7 +153,8 @@ STARTED_STACKS = pytest.StashKey[list[Any]]()
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
-    evidence = _evidence(item) if report.failed and call.when in ("setup", "call") else ""
+    error = call.excinfo.value if call.excinfo is not None else None
+    evidence = _evidence(item, error) if report.failed and call.when in ("setup", "call") else ""
     if evidence:
         report.sections.append(("conformance evidence", evidence))
     message = ""
@@ -155,6 +166,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         "upstream_bug": _marker_name(item, departures.UPSTREAM_BUG),
         "message": message,
         "evidence": evidence,
+        # A Stack that never started is no behaviour of the EPP's to call a departure.
+        "stack_start_failed": _stack_start_failed(error),
     }
     report.user_properties.append((_PROPERTY, json.dumps(record)))
 

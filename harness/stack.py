@@ -14,6 +14,7 @@ white-box observer reads it; otherwise (``white_box`` False) membership is judge
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,7 @@ BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # How long a Stack waits for another EPP on this host to free a port it always binds (upstream's :8080).
 FIXED_PORT_WAIT_S = 900.0
 EVIDENCE_REQUESTS = 12
+EVIDENCE_NOTE = "conformance evidence (the Stack failed to start):"
 
 
 class NoDatastoreView(RuntimeError):
@@ -111,7 +113,10 @@ class Stack:
     def start(self) -> None:
         try:
             self._start()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, Exception):  # what it had seen, before stopping takes it away
+                with contextlib.suppress(Exception):
+                    exc.add_note(f"{EVIDENCE_NOTE}\n{self.evidence()}")
             self.stop()
             raise
 
@@ -167,7 +172,9 @@ class Stack:
             )
         self.envoy = Envoy(ext_proc_address, options=opts.envoy, ext_proc_tls=ext_proc_tls)
         self.envoy.start()
-        self.traffic = TrafficOracle(self.base_url, cluster, opts.probe_model or probe_model(opts.models))
+        self.traffic = TrafficOracle(
+            self.base_url, cluster, opts.probe_model or probe_model(opts.models, opts.sim_config.model)
+        )
         if opts.apply_pool:
             self.wait_serving()
             if self.white_box:
@@ -346,13 +353,16 @@ class Stack:
         eventually(scraped, timeout=timeout, message="EPP scraped every pod")
 
 
-def probe_model(models: Sequence[ModelSpec]) -> str:
+def probe_model(models: Sequence[ModelSpec], base_model: str = BASE_MODEL) -> str | None:
     """The model membership probes ask for: one served as the base model (every pod has it; no LoRA
-    affinity steers it), Critical/Standard before Sheddable (never shed while a pod exists)."""
-    base = [m for m in models if m.model_name == BASE_MODEL or m.targets == ((BASE_MODEL, None),)]
-    if not base:
-        raise ValueError(f"no model served as {BASE_MODEL}: pass StackOptions.probe_model")
-    return min(base, key=lambda m: m.criticality == "Sheddable").name
+    affinity steers it), Critical/Standard before Sheddable (never shed while a pod exists); None if
+    no model is served so."""
+    base = [
+        m
+        for m in models
+        if (m.model_name == base_model and not m.targets) or m.targets == ((base_model, None),)
+    ]
+    return min(base, key=lambda m: m.criticality == "Sheddable").model_name if base else None
 
 
 def _ensure_namespace(api: client.ApiClient, namespace: str) -> None:

@@ -88,7 +88,7 @@ class TrafficOracle:
         self,
         base_url: str,
         cluster: Cluster,
-        model: str,
+        model: str | None,
         *,
         alpha: float = DEFAULT_ALPHA,
         share: float = DEFAULT_SHARE,
@@ -112,6 +112,10 @@ class TrafficOracle:
     def probe(self, members: Collection[str] | None = None, requests: int | None = None) -> TrafficVerdict:
         """One round of ``requests`` (default: the bound's N) and its verdict against ``members``
         (default: ``expected_members()``)."""
+        if self.model is None:
+            raise ValueError(
+                "no model to probe with: no model is served as the base model (StackOptions.probe_model)"
+            )
         expected = frozenset(self.expected_members() if members is None else members)
         candidates = set(self.cluster.pods) | expected
         count = (
@@ -138,7 +142,7 @@ class TrafficOracle:
                     unknown += 1
         after = self._counts()
         received = {pod: after.get(pod, 0) - before.get(pod, 0) for pod in after}
-        verdict = _judge(expected, received, statuses, count, self.model, unknown)
+        verdict = _judge(expected, received, statuses, count, str(self.model), unknown)
         self.rounds.append(verdict)
         return verdict
 

@@ -14,6 +14,7 @@ import pytest
 from harness import go_binaries
 from harness.envoy import Envoy, EnvoyOptions
 from harness.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
+from harness.stack import FIXED_PORT_WAIT_S
 from harness.stack_fixtures import StackFactory
 
 from .support import bed, endpoint, served_by
@@ -40,7 +41,12 @@ def test_an_epp_command_line_routes_behind_envoy(stack_factory: StackFactory, wh
     pods = {endpoint(stack, name) for name in bed(stack).pods}
     options = stack.options
     with ForeignEpp(
-        command, options.pool_name, options.namespace, stack.access.kubeconfig_path, sim_metric_args(command)
+        command,
+        options.pool_name,
+        options.namespace,
+        stack.access.kubeconfig_path,
+        sim_metric_args(command),
+        fixed_port_wait=FIXED_PORT_WAIT_S,  # another upstream EPP on this host may hold :8080 a while
     ) as epp:
         epp.wait_serving()
         assert epp.health() == "SERVING"

@@ -75,8 +75,9 @@ def test_x():
 
 
 def test_a_setup_error_is_a_failure_even_for_a_departure() -> None:
-    record = {"outcome": "error", "departure": "staleness", "upstream_bug": None}
-    assert classify(record) == "FAIL"
+    assert classify({"outcome": "error", "departure": "staleness", "upstream_bug": None}) == "FAIL"
+    stack_never_started = {"outcome": "failed", "departure": "staleness", "stack_start_failed": True}
+    assert classify(stack_never_started) == "FAIL"
 
 
 def test_the_report_shows_evidence_for_failures_only() -> None:
