@@ -29,7 +29,10 @@ DEPARTURES: Final[dict[str, str]] = {
     "bodyless-routing": "bodyless requests (GET /v1/models) are routed to a pool pod",
     "models-relisted-after-pool-recreation": "a pool deleted and re-created serves its models again",
     "staleness": "a pod whose metrics went stale never wins over a fresh one (upstream #336)",
-    "standard-not-sheddable": "Standard criticality is never shed (upstream <= v0.3.0 sheds it)",
+    "body-bytes-preserved": (
+        "the model name is rewritten in place, every other byte reaches the model server as the client "
+        "sent it (upstream v0.3.0 re-marshals the body, and rejects numbers a float64 cannot hold)"
+    ),
 }
 
 UPSTREAM_BUGS: Final[dict[str, str]] = {

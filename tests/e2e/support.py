@@ -52,7 +52,8 @@ def http_error_text(response: httpx2.Response) -> str:
 
 def assert_readable_error(err: openai.APIStatusError, message: str) -> None:
     """The EPP's message reaches the client: in the body, and in the SDK's exception text."""
-    assert error_text(err) == message
+    body = error_text(err)
+    assert body == message, f"{err.status_code} with error body {body!r}, expected {message!r}"
     assert message in str(err), f"the SDK shows only {str(err)!r}"
 
 
