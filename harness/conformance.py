@@ -139,7 +139,7 @@ def classify(record: Mapping[str, Any]) -> str:
 def scenario_name(nodeid: str) -> str:
     """``tests/e2e/test_x.py::test_y[p]`` -> ``test_x::test_y[p]``."""
     path, _, rest = nodeid.partition("::")
-    return f"{Path(path).stem}::{rest}"
+    return f"{Path(path).stem}::{rest}" if rest else Path(path).stem
 
 
 def first_line(record: Mapping[str, Any]) -> str:

@@ -197,6 +197,16 @@ class _Recorder:
         elif report.failed and entry is not None and entry["outcome"] == "passed":
             entry.update(outcome="error", message=record["message"] or "teardown failed")
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A module that does not even import is a failure of every scenario in it: say so."""
+        if report.failed:
+            message = str(report.longrepr).strip().splitlines()[-1:] or ["collection failed"]
+            self._records[report.nodeid] = {
+                "nodeid": report.nodeid, "outcome": "error", "agnostic": True, "departure": None,
+                "upstream_bug": None, "message": f"collection failed: {message[0]}"[:_MESSAGE_CHARS],
+                "evidence": "", "stack_start_failed": False,
+            }  # fmt: skip
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         records = sorted(self._records.values(), key=lambda r: str(r["nodeid"]))
         document = {"epp_command": command_text(self._config), "tests": records}

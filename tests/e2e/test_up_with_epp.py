@@ -105,8 +105,16 @@ def harness_up(*args: str) -> Iterator[tuple[Up, str]]:
         up.kill()
 
 
-def test_up_with_epp_serves_the_printed_base_url_until_sigint() -> None:
-    with harness_up("--with-epp") as (up, marker):
+@pytest.mark.parametrize(
+    "epp",
+    [
+        pytest.param((), id="ours"),
+        # The any-EPP launcher (harness.foreign_epp), here with our EPP: what --epp-command CMD runs.
+        pytest.param(("--epp-command", "ours"), id="epp-command"),
+    ],
+)
+def test_up_with_epp_serves_the_printed_base_url_until_sigint(epp: tuple[str, ...]) -> None:
+    with harness_up("--with-epp", *epp) as (up, marker):
         base_url = up.field(BASE_URL_PREFIX)
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as client:
             completion = client.completions.create(model="food-review", prompt="Review: fine.", max_tokens=4)

@@ -135,3 +135,13 @@ def test_with_no_members_every_request_must_fail_and_reach_no_pod() -> None:
 def test_failed_requests_with_members_are_inconsistent() -> None:
     verdict = _judge(frozenset({"a"}), {"a": 20}, Counter({200: 20, 502: 4}), 24, "m", 0)
     assert "4 of 24 requests failed" in verdict.summary()
+
+
+def test_a_module_that_does_not_import_is_recorded_as_an_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_broken="from nowhere import nothing\n")
+    out = pytester.path / "records.json"
+    pytester.runpytest_inprocess("-p", "no:randomly", f"--conformance-json={out}")
+
+    [record] = json.loads(out.read_text())["tests"]
+    assert classify(record) == "FAIL"
+    assert "nowhere" in record["message"]
