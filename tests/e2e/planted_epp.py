@@ -16,18 +16,17 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from epp.api import NamespacedName, ObjectReader
 from epp.api.types import InferenceModel, InferencePool, PodObject
 from epp.config import ServerConfig
-from epp.controller.pod_reconciler import PodReconciler
-from epp.datastore import Datastore
 from epp.k8s import Controllers, KubeClient, load_config
 from epp.k8s.controllers import Reconcile, Reconcilers
 from epp.server.flags import parse_flags
-from epp.server.runner import ControllersLike, Epp
+from epp.server.runner import ControllersFactory, Epp
 
 
 class DeletionBlindReader:
@@ -53,22 +52,22 @@ class DeletionBlindReader:
         return [dataclasses.replace(p, deleting=False) for p in self._inner.list_pods(namespace, selector)]
 
 
-def deletion_blind_pods(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
-    return PodReconciler(DeletionBlindReader(reader), store).reconcile
+def deletion_blind_pods(reader: ObjectReader, *store_and_pool: Any) -> Reconcile:
+    """The production pod reconciler, reading pods through the defective reader."""
+    return Reconcilers().pod(DeletionBlindReader(reader), *store_and_pool)
 
 
 async def serve(config: ServerConfig) -> int:
     async with KubeClient(load_config(config.kubeconfig, os.environ)) as client:
         pool = NamespacedName(config.pool_namespace, config.pool_name)
 
-        def controllers(store: Datastore) -> ControllersLike:
-            return Controllers(
-                client,
-                store,
-                pool,
-                bookmark_interval=config.watch.bookmark_interval,
-                reconcilers=Reconcilers(pod=deletion_blind_pods),
-            )
+        controllers: ControllersFactory = lambda store: Controllers(  # noqa: E731
+            client,
+            store,
+            pool,
+            bookmark_interval=config.watch.bookmark_interval,
+            reconcilers=Reconcilers(pod=deletion_blind_pods),
+        )
 
         epp = Epp(config, registry=CollectorRegistry(), controllers=controllers)
         loop = asyncio.get_running_loop()
