@@ -329,6 +329,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also measure our EPP from another checkout (e.g. `git worktree add /tmp/epp-main main`), "
         "behind a BUFFERED Envoy (repeatable)",
     )
+    parser.add_argument(
+        "--fixed-port-wait",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="how long a compared EPP with a fixed port (upstream v0.3.0: :8080) waits for another "
+        "harness process on this host to release it",
+    )
     parser.add_argument("--no-sim-path", action="store_true", help="skip the client -> simulator path")
     return parser.parse_args(argv)
 
@@ -406,7 +414,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         for index, (command, envoy_options) in enumerate(compared):
             other = stack_of.enter_context(
-                ForeignEpp(command, POOL, NAMESPACE, plane.access.kubeconfig_path, sim_metric_args(command))
+                ForeignEpp(
+                    command,
+                    POOL,
+                    NAMESPACE,
+                    plane.access.kubeconfig_path,
+                    sim_metric_args(command),
+                    fixed_port_wait=args.fixed_port_wait,
+                )
             )
             other.wait_serving()
             envoy = stack_of.enter_context(
