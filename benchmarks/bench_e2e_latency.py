@@ -25,6 +25,7 @@ added latency, ≥ on requests/s at 32 in flight.
                                                   # first: harness build --upstream-epp v0.3.0)
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-epp-command "/opt/my-epp -flag=x"
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-tree /tmp/epp-main  # another checkout
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-buffered  # ours behind BUFFERED too
 """
 
 from __future__ import annotations

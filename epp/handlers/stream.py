@@ -20,8 +20,9 @@ where every protocol decision lives (DESIGN.md §2 Handlers and §6, epp-behavio
   metadata, with `model` spliced into the client's bytes and Content-Length set when the target
   differs. Each non-final chunk is answered by holding it back (clear_body), and the final reply
   carries the whole body, so a split body still reaches the model server exactly once.
-- request trailers before the body is complete: a trailers reply cannot carry the held-back body,
-  so the request is refused with 400 and a message saying why, instead of waiting forever.
+- request trailers before the body is complete (BUFFERED/STREAMED): a trailers reply cannot carry
+  the held-back body, so the request is refused with 400 and a message saying why, instead of
+  waiting forever. In full duplex the trailers end the body instead (see above).
 - response headers/body: only observed (status, SSE, size, token usage), never changed.
 - any `EppError` becomes an ImmediateResponse and ends the stream; an unexpected exception on the
   request side becomes Internal (500) with its traceback logged; on the response side it is logged
