@@ -8,6 +8,14 @@ and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc
   instead of being sent wherever a client header says;
 * ``metadata_options.receiving_namespaces.untyped: [envoy.lb]``: without it Envoy silently drops the
   dynamic metadata the EPP returns;
+* the request goes to the EPP in FULL_DUPLEX_STREAMED mode by default (``EnvoyOptions.request_body_mode``):
+  headers and body chunks are sent without waiting for replies and the EPP answers once, when the
+  body is complete, so a request costs one round trip to the EPP instead of the two of BUFFERED
+  (headers, wait, body, wait); request and response trailers are sent too (Envoy requires the
+  former in this mode; the latter keeps the ext_proc stream open until the response has ended,
+  which is when the EPP counts the request out of its pod's in-flight count); the EPP's
+  Content-Length is kept (``allow_content_length_header``). BUFFERED remains for EPPs that only
+  speak it (upstream v0.3.0 without ``USE_STREAMING=true``);
 * cluster ``ext_proc``: the EPP over HTTP/2 and TLS, verified: its certificate must come from the
   CA in ``ExtProcTls`` and name ``ExtProcTls.server_name`` (the harness gives the EPP such a
   certificate with ``--certPath``; see ``harness.epp_process``);
@@ -161,6 +169,7 @@ ACCESS_LOG_FLUSH_MS: Final = 100
 _HOT_RESTART_SHM_PREFIX: Final = "/dev/shm/envoy_shared_memory_"
 
 BodyMode = Literal["NONE", "STREAMED", "BUFFERED"]
+RequestBodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
 
 # One JSON object per request in the access log.
 ACCESS_LOG_FORMAT: Final[dict[str, str]] = {
@@ -211,6 +220,10 @@ class EnvoyOptions:
     """Knobs of the generated bootstrap."""
 
     response_body_mode: BodyMode = "NONE"
+    # FULL_DUPLEX_STREAMED (one round trip per request): ours, and upstream's streaming server (v0.3.0
+    # with USE_STREAMING=true, as its manifests deploy it; the only one from v0.4.0). BUFFERED: ours
+    # too, and upstream v0.3.0's default buffered server. See the module docstring.
+    request_body_mode: RequestBodyMode = "FULL_DUPLEX_STREAMED"
     # The EPP's gRPC stream timeout and the per-message timeout of the ext_proc filter.
     ext_proc_timeout_s: float = 10.0
     message_timeout_s: float = 5.0
@@ -245,9 +258,11 @@ def _string_struct(fields: dict[str, str]) -> Struct:
 
 
 def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
-    """The ext_proc filter config: request headers SEND, body BUFFERED, response headers SKIP."""
+    """The ext_proc filter config: request headers SEND, the body in ``options.request_body_mode``
+    (with trailers SEND both ways in full duplex), response headers SKIP."""
     header = ProcessingModeHeaderSendMode
     body = ProcessingModeBodySendMode
+    duplex = options.request_body_mode == "FULL_DUPLEX_STREAMED"
     return ExternalProcessor(
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
@@ -261,15 +276,16 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
         message_timeout=_seconds(options.message_timeout_s),
         processing_mode=ProcessingMode(
             request_header_mode=header.SEND,
-            request_body_mode=body.BUFFERED,
+            request_body_mode=body[options.request_body_mode],
             response_header_mode=header.SKIP,
             response_body_mode=body[options.response_body_mode],
-            request_trailer_mode=header.SKIP,
-            response_trailer_mode=header.SKIP,
+            request_trailer_mode=header.SEND if duplex else header.SKIP,
+            response_trailer_mode=header.SEND if duplex else header.SKIP,
         ),
         metadata_options=MetadataOptions(
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE])
         ),
+        allow_content_length_header=duplex,
     )
 
 

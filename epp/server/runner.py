@@ -401,10 +401,10 @@ class Epp:
         server = GrpcServer(limits=limits, ssl_context=None if pair is None else ssl_context(pair))
         servicer.add_to_h2_server(server)
         self._ports["grpc"] = await server.start(config.bind_address, config.grpc_port)
+        self._ext_proc_server = server  # what the drain stops gracefully
         grace = self._grace
         self._supervisor.on_stop("grpc-ext-proc", lambda: server.stop(grace))
         self._supervisor.spawn("grpc-ext-proc", _serving())
-        self._ext_proc_server = server
 
     async def _start_grpcio_ext_proc(self, servicer: ExtProcServicer, pair: KeyPair | None) -> None:
         config = self._config
