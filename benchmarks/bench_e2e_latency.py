@@ -8,9 +8,10 @@ All paths go to the same simulated vLLM pod:
   runs it (control plane, pool, model, pod; ext_proc over verified TLS);
 - one more path per ``--compare-*`` option: another EPP command line (``harness.foreign_epp``),
   watching the same pool, behind an Envoy of its own in the body mode that EPP speaks
-  (``EppCommand.envoy_request_body_mode``): ours FULL_DUPLEX_STREAMED (one round trip per request),
-  upstream v0.3.0 BUFFERED as its default server and manifests expect (request headers SEND, body
-  BUFFERED, response SKIP), or FULL_DUPLEX_STREAMED with ``--compare-upstream-streaming``.
+  (``EppCommand.envoy_request_body_mode``): BUFFERED by default (DESIGN.md §2; request headers SEND,
+  body BUFFERED, response SKIP), as upstream v0.3.0's default server expects;
+  FULL_DUPLEX_STREAMED (one round trip per request) with ``--compare-ours-full-duplex`` or
+  ``--compare-upstream-streaming``.
 
 The simulator is a pod the node agent runs (its own process) with a tiny ``time_scale`` and enough
 slots never to be the bottleneck. Load comes from aiohttp in this process: latency at 1 request in
@@ -25,7 +26,7 @@ added latency, ≥ on requests/s at 32 in flight.
                                                   # first: harness build --upstream-epp v0.3.0)
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-epp-command "/opt/my-epp -flag=x"
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-tree /tmp/epp-main  # another checkout
-    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-buffered  # ours behind BUFFERED too
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-full-duplex  # ours in full duplex too
 """
 
 from __future__ import annotations
@@ -317,9 +318,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         '"python -m epp --extProcTransport=grpcio" (repeatable)',
     )
     parser.add_argument(
-        "--compare-ours-buffered",
+        "--compare-ours-full-duplex",
         action="store_true",
-        help="also measure our EPP behind an Envoy in BUFFERED mode (two round trips per request)",
+        help="also measure our EPP behind an Envoy in FULL_DUPLEX_STREAMED mode (one round trip per request)",
     )
     parser.add_argument(
         "--compare-ours-tree",
@@ -369,15 +370,16 @@ def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyO
     commands += [EppCommand.parse(line, label=short_label(line)) for line in args.compare_epp_command]
     for line in args.compare_ours_command:
         commands.append(EppCommand.parse(line, dialect="ours", label=short_label(line)))
-    if args.compare_ours_buffered:
+    if args.compare_ours_full_duplex:
         commands.append(
-            dataclasses.replace(EppCommand.ours(), label="epp (ours) BUFFERED", request_body_mode="BUFFERED")
+            dataclasses.replace(
+                EppCommand.ours(), label="epp (ours) full duplex", request_body_mode="FULL_DUPLEX_STREAMED"
+            )
         )
     for tree in args.compare_ours_tree:
         tree = tree.resolve()
         argv = ("env", f"PYTHONPATH={tree}", sys.executable, "-m", "epp")
-        # BUFFERED: what every checkout speaks (full duplex came later).
-        commands.append(EppCommand(argv, "ours", (), f"epp at {tree.name}", "BUFFERED"))
+        commands.append(EppCommand(argv, "ours", (), f"epp at {tree.name}"))
     return [
         (command, EnvoyOptions(log_level="warning", request_body_mode=command.envoy_request_body_mode))
         for command in commands

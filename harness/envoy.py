@@ -8,14 +8,13 @@ and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc
   instead of being sent wherever a client header says;
 * ``metadata_options.receiving_namespaces.untyped: [envoy.lb]``: without it Envoy silently drops the
   dynamic metadata the EPP returns;
-* the request goes to the EPP in FULL_DUPLEX_STREAMED mode by default (``EnvoyOptions.request_body_mode``):
-  headers and body chunks are sent without waiting for replies and the EPP answers once, when the
-  body is complete, so a request costs one round trip to the EPP instead of the two of BUFFERED
-  (headers, wait, body, wait); request and response trailers are sent too (Envoy requires the
-  former in this mode; the latter keeps the ext_proc stream open until the response has ended,
-  which is when the EPP counts the request out of its pod's in-flight count); the EPP's
-  Content-Length is kept (``allow_content_length_header``). BUFFERED remains for EPPs that only
-  speak it (upstream v0.3.0 without ``USE_STREAMING=true``);
+* the request goes to the EPP in BUFFERED mode by default, as DESIGN.md §2 decides (request headers
+  SEND, body BUFFERED: two round trips, headers then body); ``EnvoyOptions.request_body_mode=
+  "FULL_DUPLEX_STREAMED"`` sends headers and body chunks without waiting for replies and the EPP
+  answers once, when the body is complete (one round trip); request and response trailers are
+  then sent too (Envoy requires the former in that mode; the latter keeps the ext_proc stream open
+  until the response has ended, which is when the EPP counts the request out of its pod's in-flight
+  count) and the EPP's Content-Length is kept (``allow_content_length_header``);
 * cluster ``ext_proc``: the EPP over HTTP/2 and TLS, verified: its certificate must come from the
   CA in ``ExtProcTls`` and name ``ExtProcTls.server_name`` (the harness gives the EPP such a
   certificate with ``--certPath``; see ``harness.epp_process``);
@@ -220,10 +219,10 @@ class EnvoyOptions:
     """Knobs of the generated bootstrap."""
 
     response_body_mode: BodyMode = "NONE"
-    # FULL_DUPLEX_STREAMED (one round trip per request): ours, and upstream's streaming server (v0.3.0
-    # with USE_STREAMING=true, as its manifests deploy it; the only one from v0.4.0). BUFFERED: ours
-    # too, and upstream v0.3.0's default buffered server. See the module docstring.
-    request_body_mode: RequestBodyMode = "FULL_DUPLEX_STREAMED"
+    # BUFFERED (DESIGN.md §2): ours, and upstream v0.3.0's default buffered server.
+    # FULL_DUPLEX_STREAMED (one round trip per request): ours too, and upstream's streaming server
+    # (v0.3.0 with USE_STREAMING=true; the only one from v0.4.0). See the module docstring.
+    request_body_mode: RequestBodyMode = "BUFFERED"
     # The EPP's gRPC stream timeout and the per-message timeout of the ext_proc filter.
     ext_proc_timeout_s: float = 10.0
     message_timeout_s: float = 5.0

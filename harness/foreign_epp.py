@@ -42,9 +42,10 @@ vLLM >= 0.10 (the default) publish ``vllm:kv_cache_usage_perc``: pass
 Its ``/metrics`` wants a bearer token allowed by TokenReview/SubjectAccessReview, so nothing here
 reads it.
 
-Envoy's body mode follows the EPP (``EppCommand.envoy_request_body_mode``): FULL_DUPLEX_STREAMED for
-ours, BUFFERED for the upstream dialect (v0.3.0's default server; its streaming one needs
-``USE_STREAMING=true`` in its environment and ``request_body_mode="FULL_DUPLEX_STREAMED"``).
+Envoy's body mode follows the EPP (``EppCommand.envoy_request_body_mode``): BUFFERED unless the
+command says otherwise (ours speaks both; upstream v0.3.0's default server only BUFFERED, its
+streaming one needs ``USE_STREAMING=true`` in its environment and
+``request_body_mode="FULL_DUPLEX_STREAMED"``).
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ class EppCommand:
     dialect: Dialect = "upstream"
     fixed_ports: tuple[int, ...] = ()
     label: str = ""
-    # How its Envoy sends the request body (``EnvoyOptions.request_body_mode``): ours answers one
-    # FULL_DUPLEX_STREAMED round trip per request; upstream v0.3.0's default server speaks BUFFERED only.
+    # How its Envoy sends the request body (``EnvoyOptions.request_body_mode``); None: BUFFERED, the
+    # harness's default (DESIGN.md §2), which every dialect speaks.
     request_body_mode: RequestBodyMode | None = None
 
     def __post_init__(self) -> None:
@@ -97,10 +98,8 @@ class EppCommand:
 
     @property
     def envoy_request_body_mode(self) -> RequestBodyMode:
-        """``request_body_mode`` if set, else what the dialect speaks (see the field)."""
-        if self.request_body_mode is not None:
-            return self.request_body_mode
-        return "FULL_DUPLEX_STREAMED" if self.dialect == "ours" else "BUFFERED"
+        """``request_body_mode`` if set, else BUFFERED (see the field)."""
+        return self.request_body_mode or "BUFFERED"
 
     @property
     def name(self) -> str:
