@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    return go_binaries.main(["--upstream-epp", args.upstream_epp] if args.upstream_epp else [])
+    argv = ["--upstream-epp", args.upstream_epp] if args.upstream_epp else []
+    return go_binaries.main([*argv, *(["--helm"] if args.helm else [])])
 
 
 def cmd_up(args: argparse.Namespace) -> int:

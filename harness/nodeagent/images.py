@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -82,6 +82,9 @@ class LaunchContext:
     api_server_host: str
     api_server_port: str
     api: Any = None  # the agent's async API client (harness.nodeagent.api.PodApi), for runtimes that call it
+    # Runs a coroutine for as long as the pod runs (cancelled when the pod's worker ends), e.g. a
+    # projected token's renewal; None where nothing owns such work (then the runtime must not need it).
+    run_alongside: Callable[[Coroutine[Any, Any, None], str], None] | None = None
 
 
 class ContainerConfigError(ValueError):
