@@ -366,7 +366,16 @@ def strip_client_envoy_headers() -> TypedExtensionConfig:
 
 
 def ext_proc_tls_context(tls: ExtProcTls) -> UpstreamTlsContext:
-    """TLS to the EPP that verifies it: a certificate from `tls.ca_pem`, for `tls.server_name`."""
+    """TLS to the EPP that verifies it: a certificate from `tls.ca_pem`, for `tls.server_name`.
+
+    An empty `ca_pem` (`harness.certs.UNVERIFIED_EXT_PROC_TLS`) means TLS without verification: what
+    upstream's gateway set-ups do with the EPP's self-signed certificate (Istio's DestinationRule
+    `insecureSkipVerify: true`), and what a chart installed without `tlsSecretName` needs, since
+    every replica makes a certificate of its own at start.
+    """
+    if not tls.ca_pem:
+        unverified = CommonTlsContext(alpn_protocols=["h2"])
+        return UpstreamTlsContext(sni=tls.server_name, common_tls_context=unverified)
     return UpstreamTlsContext(
         sni=tls.server_name,
         common_tls_context=CommonTlsContext(

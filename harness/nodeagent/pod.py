@@ -275,6 +275,7 @@ class PodWorker:
             "uid": self.uid,
             "node": self.node,
             "ip": self.ip,
+            "workdir": str(self.workdir),  # its containers' logs and projected files
             "deleting": self._deleting.is_set(),
             "containers": [c.describe() for c in self.containers],
         }
