@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 
-from harness.nodeagent.api import ApiFailed, PodApi, PodGone
+from harness.nodeagent.api import ApiFailed, PodGone
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,16 @@ _RETRY_MAX_S: Final = 5.0
 _FIRST_WRITE_TIMEOUT_S: Final = 30.0
 
 
+class TokenApi(Protocol):
+    """What the projection asks the API server (``harness.nodeagent.api.PodApi`` does it)."""
+
+    async def request_token(
+        self, namespace: str, service_account: str, pod: Mapping[str, Any], expiration_seconds: int
+    ) -> dict[str, Any]: ...
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+
 class ServiceAccountVolumeError(RuntimeError):
     """The token or the CA could not be obtained in time (the container cannot start)."""
 
@@ -45,7 +55,7 @@ class ProjectedServiceAccount:
 
     def __init__(
         self,
-        api: PodApi,
+        api: TokenApi,
         pod: Mapping[str, Any],
         directory: Path,
         *,
