@@ -10,21 +10,24 @@ and retries a stream that could not start on another replica, as ``harness.epp_r
 EPP processes. The model servers are ``examples/cluster/vllm-sim.yaml``'s Deployment and models
 (its InferencePool is left out: the chart makes the pool).
 
-Envoy's endpoints are the pods Ready when it starts (a STATIC cluster): a pod the Deployment makes
-later is Ready and serving, but this Envoy does not send it streams (a gateway that follows the
-Service's EndpointSlices would).
+Envoy follows the pods as a gateway follows the Service's EndpointSlices: ``EndpointsFollower``
+lists the EPP pods (every 0.25 s) and rewrites Envoy's ext_proc endpoints (file-based EDS,
+``EnvoyOptions.ext_proc_dynamic_endpoints``) to the pods whose Ready condition is True — a terminating
+pod stays listed while it is still Ready ("serving", as an EndpointSlice says), so its streams in
+flight finish — and a pod the Deployment makes later gets streams once it is Ready.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, cast
 
 import yaml
 
@@ -106,6 +109,7 @@ class ChartInstall:
         self.work_dir = work_dir
         self.helm = helm or Helm(work_dir / "helm-home", kubeconfig=access.kubeconfig_path)
         self.envoy: Envoy | None = None
+        self.follower: EndpointsFollower | None = None
         self.installed_at: float | None = None  # time.monotonic() when `helm install` was started
         self._installed = False
 
@@ -133,17 +137,24 @@ class ChartInstall:
         return self.helm.install(self.options.release, self.namespace, values=[values])
 
     def start_envoy(self, pods: Sequence[Mapping[str, Any]]) -> Envoy:
-        endpoints = [ExtProcReplica(f"{pod_ip(p)}:{EXT_PROC_PORT}", HEALTH_PORT) for p in pods]
+        endpoints = epp_endpoints(pods)
         options = EnvoyOptions(
-            ext_proc_health_check=self.options.health_check, ext_proc_retries=self.options.ext_proc_retries
+            ext_proc_health_check=self.options.health_check,
+            ext_proc_retries=self.options.ext_proc_retries,
+            ext_proc_dynamic_endpoints=True,
         )
         self.envoy = Envoy(endpoints, options=options, ext_proc_tls=UNVERIFIED_EXT_PROC_TLS)
         self.envoy.start()
+        self.follower = EndpointsFollower(self, self.envoy)
+        self.follower.start()
         return self.envoy
 
     def stop(self) -> None:
         """Stop Envoy, uninstall the release, delete the model servers; wait until their pods are gone."""
         try:
+            if self.follower is not None:
+                self.follower.stop()
+                self.follower = None
             if self.envoy is not None:
                 self.envoy.stop()
                 self.envoy = None
@@ -216,3 +227,53 @@ class ChartInstall:
 
 def pod_ip(pod: Mapping[str, Any]) -> str:
     return str((pod.get("status") or {}).get("podIP") or "")
+
+
+def epp_endpoints(pods: Sequence[Mapping[str, Any]]) -> list[ExtProcReplica]:
+    """The ext_proc endpoints of these pods: every Ready one with an address, terminating or not."""
+    ready = sorted(pod_ip(p) for p in pods if is_ready(p) and pod_ip(p))
+    return [ExtProcReplica(f"{ip}:{EXT_PROC_PORT}", HEALTH_PORT) for ip in ready]
+
+
+class EndpointsFollower:
+    """Keeps Envoy's ext_proc endpoints equal to the Ready EPP pods (a thread; ``stop()`` joins it)."""
+
+    def __init__(self, install: ChartInstall, envoy: Envoy, interval: float = 0.25) -> None:
+        self._install = install
+        self._envoy = envoy
+        self._interval = interval
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="epp-endpoints", daemon=True)
+        self.updates = 0  # endpoint sets written after the first (read by tests)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        from kubernetes import client
+
+        install = self._install
+        selector = f"inferencepool={install.epp_name}"
+        with install.access.api_client() as api_client:
+            core = client.CoreV1Api(api_client)
+            current = list(self._envoy.ext_proc_replicas)
+            while not self._stopping.wait(self._interval):
+                try:
+                    response = core.list_namespaced_pod(
+                        install.namespace,
+                        label_selector=selector,
+                        _preload_content=False,
+                        _request_timeout=10,
+                    )
+                    pods = json.loads(cast(Any, response).data)["items"]
+                except Exception:  # the API server restarting: keep the endpoints Envoy has
+                    continue
+                wanted = epp_endpoints(pods)
+                if wanted != current:
+                    self._envoy.set_ext_proc_replicas(wanted)
+                    current = wanted
+                    self.updates += 1

@@ -9,7 +9,8 @@ starts an EPP by hand.
 * Requests go end to end through Envoy, the chart-installed EPP and the simulated model servers.
 * With ``replicas: 2`` both EPPs route; deleting one EPP pod under 32 requests in flight fails none
   (its drain reports NOT_SERVING, Envoy moves new streams to the other one, the streams it holds
-  finish), the other serves everything, and the Deployment brings a new pod back to Ready.
+  finish), the other serves everything, and the Deployment brings a new pod back: Ready, SERVING,
+  and given streams by Envoy (which follows the Ready EPP pods, as a gateway follows EndpointSlices).
 * Least privilege: with the EPP pod's own token, every write is 403 and every read the EPP needs
   in its namespace is 200; its namespace only.
 """
@@ -134,15 +135,20 @@ def test_two_replicas_serve_and_deleting_one_under_load_fails_no_request(chart: 
             assert name not in names, f"{name} is still there (draining)"
             assert len(chart.serving_epp_pods()) == 2, f"EPP pods now: {names}"
 
-        eventually(replaced, timeout=TIMEOUT_S, message="the pod gone and a new one Ready")
-        after_delete = time.monotonic()
         before = routed_by(second)
-        steady(load, after_delete, 2 * IN_FLIGHT)
-        assert routed_by(second) - before >= 2 * IN_FLIGHT, "the remaining replica serves everything"
+        steady(load, time.monotonic(), IN_FLIGHT)
+        assert routed_by(second) - before >= IN_FLIGHT, "the remaining replica serves while one drains"
+        eventually(replaced, timeout=TIMEOUT_S, message="the pod gone and a new one Ready")
+        new = next(p for p in chart.serving_epp_pods() if p["metadata"]["name"] != second["metadata"]["name"])
+        assert health(f"{pod_ip(new)}:9003", "inference-extension") == "SERVING"
+
+        def new_one_routes() -> None:
+            assert routed_by(new) > 0, "Envoy sends the replacement pod streams"
+
+        eventually(new_one_routes, timeout=TIMEOUT_S, message="the replacement routes")
+        steady(load, time.monotonic(), 2 * IN_FLIGHT)
     failures = load.failures()
     assert failures == [], f"{len(failures)} of {len(load.outcomes())} failed, e.g. {failures[0].error}"
-    new = next(p for p in chart.serving_epp_pods() if p["metadata"]["name"] != second["metadata"]["name"])
-    assert health(f"{pod_ip(new)}:9003", "inference-extension") == "SERVING"
 
 
 # ---------------------------------------------------------------------- least privilege
