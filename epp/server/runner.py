@@ -404,6 +404,7 @@ class Epp:
         grace = self._grace
         self._supervisor.on_stop("grpc-ext-proc", lambda: server.stop(grace))
         self._supervisor.spawn("grpc-ext-proc", _serving())
+        self._ext_proc_server = server
 
     async def _start_grpcio_ext_proc(self, servicer: ExtProcServicer, pair: KeyPair | None) -> None:
         config = self._config

@@ -16,7 +16,7 @@ from harness.envoy import Envoy, EnvoyOptions
 from harness.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
 from harness.stack_fixtures import StackFactory
 
-from .support import bed, endpoint, served_by
+from .support import cluster_of, endpoint, served_by
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +37,7 @@ COMMANDS = {"ours": EppCommand.ours, "upstream-v0.3.0": _upstream}
 def test_an_epp_command_line_routes_behind_envoy(stack_factory: StackFactory, which: str) -> None:
     command = COMMANDS[which]()
     stack = stack_factory(pods=2)
-    pods = {endpoint(stack, name) for name in bed(stack).pods}
+    pods = {endpoint(stack, name) for name in cluster_of(stack).pods}
     options = stack.options
     with ForeignEpp(
         command, options.pool_name, options.namespace, stack.access.kubeconfig_path, sim_metric_args(command)
