@@ -26,7 +26,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Self, cast
 
 import yaml
@@ -38,6 +37,7 @@ from harness.envoy import Envoy, EnvoyOptions, ExtProcHealthCheck, ExtProcReplic
 from harness.eventually import eventually
 from harness.helm import Helm
 from harness.kubectl import kubectl
+from harness.lifecycle import StartStop
 
 EXAMPLE: Final = Path(__file__).resolve().parent.parent / "examples" / "cluster" / "vllm-sim.yaml"
 POOL: Final = "vllm-llama3-8b-instruct"
@@ -65,7 +65,7 @@ class ChartOptions:
     ext_proc_retries: int = 1
 
 
-def chart_values(namespace: str, options: ChartOptions) -> dict[str, Any]:
+def chart_values(options: ChartOptions) -> dict[str, Any]:
     """The values the harness installs with: the image the node agent knows, the example's labels."""
     return {
         "inferenceExtension": {
@@ -92,7 +92,7 @@ def model_server_manifest(options: ChartOptions, example: Path = EXAMPLE) -> str
     return yaml.safe_dump_all(kept)
 
 
-class ChartInstall:
+class ChartInstall(StartStop):
     """The chart installed in ``namespace`` (which must exist) plus model servers and an Envoy."""
 
     def __init__(
@@ -131,7 +131,7 @@ class ChartInstall:
     def install(self) -> str:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         values = self.work_dir / "values.yaml"
-        values.write_text(yaml.safe_dump(chart_values(self.namespace, self.options)), encoding="utf-8")
+        values.write_text(yaml.safe_dump(chart_values(self.options)), encoding="utf-8")
         self.installed_at = time.monotonic()
         self._installed = True
         return self.helm.install(self.options.release, self.namespace, values=[values])
@@ -168,14 +168,6 @@ class ChartInstall:
                              stdin=model_server_manifest(self.options))  # fmt: skip
             with contextlib.suppress(AssertionError):
                 eventually(self._no_pods_left, timeout=READY_TIMEOUT_S, message="the release's pods gone")
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ reading the cluster
     @property
