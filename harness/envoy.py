@@ -67,6 +67,7 @@ with warnings.catch_warnings():
         CircuitBreakersThresholds,
         Cluster,
         ClusterDiscoveryType,
+        ClusterEdsClusterConfig,
         ClusterLbPolicy,
         ClusterOriginalDstLbConfig,
         ClusterTransportSocketMatch,
@@ -77,6 +78,8 @@ with warnings.catch_warnings():
     )
     from envoy_data_plane.envoy.config.core.v3 import (
         Address,
+        ApiVersion,
+        ConfigSource,
         DataSource,
         GrpcService,
         GrpcServiceEnvoyGrpc,
@@ -84,6 +87,7 @@ with warnings.catch_warnings():
         HealthCheckGrpcHealthCheck,
         Http2ProtocolOptions,
         Node,
+        PathConfigSource,
         RetryPolicy,
         RetryPolicyRetryHostPredicate,
         RuntimeUInt32,
@@ -91,6 +95,7 @@ with warnings.catch_warnings():
         SubstitutionFormatString,
         TransportSocket,
         TypedExtensionConfig,
+        WatchedDirectory,
     )
     from envoy_data_plane.envoy.config.endpoint.v3 import (
         ClusterLoadAssignment,
@@ -151,6 +156,8 @@ DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE: Final = "envoy.lb"
 CLIENT_ENVOY_PREFIX: Final = "x-envoy-"
 EXT_PROC_CLUSTER: Final = "ext_proc"
+_CLUSTER_LOAD_ASSIGNMENT_TYPE: Final = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+_EDS_FILE: Final = "ext_proc_endpoints.json"
 MODEL_SERVERS_CLUSTER: Final = "model_servers"
 # Retries of ext_proc streams in flight at once (Envoy's default of 3 turns most of them away when a
 # replica dies under load).
@@ -242,6 +249,10 @@ class EnvoyOptions:
     # retried: the EPP may already have routed it.
     ext_proc_health_check: ExtProcHealthCheck | None = None
     ext_proc_retries: int = 0
+    # The ext_proc cluster's endpoints come from a file Envoy watches (file-based EDS), which
+    # `Envoy.set_ext_proc_replicas` rewrites: how a gateway follows a Deployment's pods as they are
+    # replaced (their Service's EndpointSlices). Otherwise the replicas are fixed at start (STATIC).
+    ext_proc_dynamic_endpoints: bool = False
 
 
 def _seconds(value: float) -> dt.timedelta:
@@ -381,7 +392,16 @@ def strip_client_envoy_headers() -> TypedExtensionConfig:
 
 
 def ext_proc_tls_context(tls: ExtProcTls) -> UpstreamTlsContext:
-    """TLS to the EPP that verifies it: a certificate from `tls.ca_pem`, for `tls.server_name`."""
+    """TLS to the EPP that verifies it: a certificate from `tls.ca_pem`, for `tls.server_name`.
+
+    An empty `ca_pem` (`harness.certs.UNVERIFIED_EXT_PROC_TLS`) means TLS without verification: what
+    upstream's gateway set-ups do with the EPP's self-signed certificate (Istio's DestinationRule
+    `insecureSkipVerify: true`), and what a chart installed without `tlsSecretName` needs, since
+    every replica makes a certificate of its own at start.
+    """
+    if not tls.ca_pem:
+        unverified = CommonTlsContext(alpn_protocols=["h2"])
+        return UpstreamTlsContext(sni=tls.server_name, common_tls_context=unverified)
     return UpstreamTlsContext(
         sni=tls.server_name,
         common_tls_context=CommonTlsContext(
@@ -409,6 +429,7 @@ def build_bootstrap(
     options: EnvoyOptions = EnvoyOptions(),
     ext_proc_tls: ExtProcTls | None = None,
     ext_proc_replicas: Sequence[ExtProcReplica] = (),
+    ext_proc_endpoints_path: Path | None = None,
 ) -> Bootstrap:
     """The whole Envoy bootstrap as typed API objects.
 
@@ -416,7 +437,9 @@ def build_bootstrap(
     Envoy verifies the EPP's certificate against it (every replica presents a certificate from the
     same CA for the same name, as the pods of one Deployment do). Only the `direct_upstream`
     baseline, which never calls the EPP, may leave it out. `ext_proc_replicas`, when given, replace
-    `ext_proc_host`/`ext_proc_port` as the ext_proc cluster's endpoints.
+    `ext_proc_host`/`ext_proc_port` as the ext_proc cluster's endpoints; with
+    `ext_proc_endpoints_path`, the endpoints are read from that file instead (EDS, see
+    `ext_proc_endpoints_json`), and Envoy reloads it whenever a new file is renamed into its directory.
     """
     calls_epp = options.direct_upstream is None
     if options.ext_proc_tls and calls_epp and ext_proc_tls is None:
@@ -504,6 +527,18 @@ def build_bootstrap(
         ),
         health_checks=ext_proc_health_checks(options.ext_proc_health_check),
     )
+    if ext_proc_endpoints_path is not None:
+        ext_proc_cluster.type = ClusterDiscoveryType.EDS
+        ext_proc_cluster.load_assignment = None
+        ext_proc_cluster.eds_cluster_config = ClusterEdsClusterConfig(
+            eds_config=ConfigSource(
+                path_config_source=PathConfigSource(
+                    path=str(ext_proc_endpoints_path),
+                    watched_directory=WatchedDirectory(path=str(ext_proc_endpoints_path.parent)),
+                ),
+                resource_api_version=ApiVersion.V3,
+            )
+        )
     if options.ext_proc_retries > 0:
         # Envoy allows 3 retries in flight per cluster by default: when a replica dies, every stream
         # that was about to start on it needs one at once.
@@ -561,6 +596,16 @@ def build_bootstrap(
             listeners=[listener], clusters=[ext_proc_cluster, model_servers]
         ),
     )
+
+
+def ext_proc_endpoints_json(replicas: Sequence[ExtProcReplica], version: int) -> str:
+    """The EDS file of the ext_proc cluster: a DiscoveryResponse holding its ClusterLoadAssignment."""
+    assignment = ClusterLoadAssignment(
+        cluster_name=EXT_PROC_CLUSTER,
+        endpoints=[LocalityLbEndpoints(lb_endpoints=_ext_proc_endpoints(replicas))],
+    )
+    resource = {"@type": _CLUSTER_LOAD_ASSIGNMENT_TYPE, **assignment.to_dict()}
+    return json.dumps({"version_info": str(version), "resources": [resource]}, indent=2)
 
 
 def _ext_proc_endpoints(replicas: Sequence[ExtProcReplica]) -> list[LbEndpoint]:
@@ -634,6 +679,7 @@ class Envoy:
         self.port = 0
         self.admin_port = 0
         self.bootstrap: Bootstrap | None = None
+        self._eds_version = 0
 
     # ---- addresses -------------------------------------------------------------------------
     @property
@@ -686,6 +732,9 @@ class Envoy:
             self._dir = self._given_dir
         else:
             self._dir = self._children.temp_dir("envoy")
+        if self.options.ext_proc_dynamic_endpoints:
+            self._endpoints_dir().mkdir(exist_ok=True)
+            self.set_ext_proc_replicas(self.ext_proc_replicas)
         self.bootstrap = self._build_bootstrap()
         config_path = self.dir / "bootstrap.json"
         config_path.write_text(bootstrap_json(self.bootstrap))
@@ -720,7 +769,26 @@ class Envoy:
             options=self.options,
             ext_proc_tls=self.ext_proc_tls,
             ext_proc_replicas=self.ext_proc_replicas,
+            ext_proc_endpoints_path=(
+                self._endpoints_dir() / _EDS_FILE if self.options.ext_proc_dynamic_endpoints else None
+            ),
         )
+
+    def _endpoints_dir(self) -> Path:
+        return self.dir / "eds"  # Envoy reloads on any rename into this directory: nothing else goes here
+
+    def set_ext_proc_replicas(self, replicas: Sequence[ExtProcReplica]) -> None:
+        """Replace the ext_proc cluster's endpoints (``ext_proc_dynamic_endpoints`` only). Envoy applies
+        the file within milliseconds; the endpoints it lists are health-checked before use, and a
+        removed one keeps its streams in flight until they end."""
+        if not self.options.ext_proc_dynamic_endpoints:
+            raise RuntimeError("this Envoy's ext_proc endpoints are static")
+        self._eds_version += 1
+        directory = self._endpoints_dir()
+        staged = self.dir / f".{_EDS_FILE}.{self._eds_version}"
+        staged.write_text(ext_proc_endpoints_json(replicas, self._eds_version), encoding="utf-8")
+        staged.replace(directory / _EDS_FILE)  # atomic, and the rename is what Envoy's watch sees
+        self.ext_proc_replicas = tuple(replicas)
 
     def _reserve(self) -> int:
         return self._children.reserve_port(LOOPBACK)
