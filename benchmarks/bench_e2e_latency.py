@@ -7,8 +7,11 @@ All paths go to the same simulated vLLM pod:
 - ``Envoy + EPP -> simulator``: our EPP process behind its Envoy, exactly as ``harness.stack.Stack``
   runs it (control plane, pool, model, pod; ext_proc over verified TLS);
 - one more path per ``--compare-*`` option: another EPP command line (``harness.foreign_epp``),
-  watching the same pool, behind an Envoy of its own configured as that EPP documents (upstream's
-  manifests: request headers SEND, body BUFFERED, response SKIP).
+  watching the same pool, behind an Envoy of its own in the body mode that EPP speaks
+  (``EppCommand.envoy_request_body_mode``): BUFFERED by default (DESIGN.md §2; request headers SEND,
+  body BUFFERED, response SKIP), as upstream v0.3.0's default server expects;
+  FULL_DUPLEX_STREAMED (one round trip per request) with ``--compare-ours-full-duplex`` or
+  ``--compare-upstream-streaming``.
 
 The simulator is a pod the node agent runs (its own process) with a tiny ``time_scale`` and enough
 slots never to be the bottleneck. Load comes from aiohttp in this process: latency at 1 request in
@@ -23,6 +26,7 @@ added latency, ≥ on requests/s at 32 in flight.
                                                   # first: harness build --upstream-epp v0.3.0)
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-epp-command "/opt/my-epp -flag=x"
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-tree /tmp/epp-main  # another checkout
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-full-duplex  # ours in full duplex too
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shlex
 import statistics
@@ -297,6 +302,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also measure upstream's Go EPP (default v0.3.0; `harness build --upstream-epp v0.3.0` first)",
     )
     parser.add_argument(
+        "--compare-upstream-streaming",
+        nargs="?",
+        const="0.3.0",
+        metavar="VERSION",
+        help="also measure upstream's Go EPP as its v0.3.0 manifests deploy it: USE_STREAMING=true "
+        "behind an Envoy in FULL_DUPLEX_STREAMED mode (not with --compare-upstream: both bind :8080)",
+    )
+    parser.add_argument(
         "--compare-ours-command",
         action="append",
         default=[],
@@ -305,13 +318,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         '"python -m epp --extProcTransport=grpcio" (repeatable)',
     )
     parser.add_argument(
+        "--compare-ours-full-duplex",
+        action="store_true",
+        help="also measure our EPP behind an Envoy in FULL_DUPLEX_STREAMED mode (one round trip per request)",
+    )
+    parser.add_argument(
         "--compare-ours-tree",
         action="append",
         default=[],
         type=Path,
         metavar="DIR",
         help="also measure our EPP from another checkout (e.g. `git worktree add /tmp/epp-main main`), "
-        "behind the Envoy configuration that checkout's harness builds (repeatable)",
+        "behind a BUFFERED Envoy (repeatable)",
+    )
+    parser.add_argument(
+        "--fixed-port-wait",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="how long a compared EPP with a fixed port (upstream v0.3.0: :8080) waits for another "
+        "harness process on this host to release it",
     )
     parser.add_argument("--no-sim-path", action="store_true", help="skip the client -> simulator path")
     return parser.parse_args(argv)
@@ -327,29 +353,44 @@ def short_label(command_line: str) -> str:
 
 
 def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyOptions]]:
-    """Each other EPP and the Envoy options it runs behind."""
-    commands: list[tuple[EppCommand, EnvoyOptions]] = []
-    upstream_envoy = EnvoyOptions(log_level="warning")
+    """Each other EPP and the Envoy options it runs behind (the body mode its dialect speaks)."""
+    commands: list[EppCommand] = []
     if args.compare_upstream:
-        commands.append((EppCommand.upstream(args.compare_upstream), upstream_envoy))
-    for line in args.compare_epp_command:
-        commands.append((EppCommand.parse(line, label=short_label(line)), upstream_envoy))
+        commands.append(EppCommand.upstream(args.compare_upstream))
+    if args.compare_upstream_streaming:
+        plain = EppCommand.upstream(args.compare_upstream_streaming)
+        commands.append(
+            dataclasses.replace(
+                plain,
+                argv=("env", "USE_STREAMING=true", *plain.argv),
+                label=f"{plain.name} streaming",
+                request_body_mode="FULL_DUPLEX_STREAMED",
+            )
+        )
+    commands += [EppCommand.parse(line, label=short_label(line)) for line in args.compare_epp_command]
     for line in args.compare_ours_command:
-        commands.append((EppCommand.parse(line, dialect="ours", label=short_label(line)), upstream_envoy))
+        commands.append(EppCommand.parse(line, dialect="ours", label=short_label(line)))
+    if args.compare_ours_full_duplex:
+        commands.append(
+            dataclasses.replace(
+                EppCommand.ours(), label="epp (ours) full duplex", request_body_mode="FULL_DUPLEX_STREAMED"
+            )
+        )
     for tree in args.compare_ours_tree:
         tree = tree.resolve()
-        command = EppCommand(
-            ("env", f"PYTHONPATH={tree}", sys.executable, "-m", "epp"), "ours", (), f"epp at {tree.name}"
-        )
-        commands.append((command, upstream_envoy))
-    return commands
+        argv = ("env", f"PYTHONPATH={tree}", sys.executable, "-m", "epp")
+        commands.append(EppCommand(argv, "ours", (), f"epp at {tree.name}"))
+    return [
+        (command, EnvoyOptions(log_level="warning", request_body_mode=command.envoy_request_body_mode))
+        for command in commands
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     compared = compared_commands(args)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (others' work counts too)")
-    with contextlib.ExitStack() as stack_of, ControlPlane() as plane:
+    with ControlPlane() as plane, contextlib.ExitStack() as stack_of:
         options = StackOptions(
             namespace=NAMESPACE,
             pool_name=POOL,
@@ -376,7 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         for index, (command, envoy_options) in enumerate(compared):
             other = stack_of.enter_context(
-                ForeignEpp(command, POOL, NAMESPACE, plane.access.kubeconfig_path, sim_metric_args(command))
+                ForeignEpp(
+                    command,
+                    POOL,
+                    NAMESPACE,
+                    plane.access.kubeconfig_path,
+                    sim_metric_args(command),
+                    fixed_port_wait=args.fixed_port_wait,
+                )
             )
             other.wait_serving()
             envoy = stack_of.enter_context(

@@ -27,5 +27,7 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 
-echo "==> ensuring the control-plane binaries (the first build from Go modules takes a few minutes)"
-.venv/bin/harness build
+echo "==> ensuring the control-plane binaries and helm (the first build from Go modules takes a few minutes)"
+# helm is built here rather than by the first chart test: its cold build (about 3 minutes) would eat
+# most of that test's 300 s timeout.
+.venv/bin/harness build --helm

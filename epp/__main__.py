@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.config import ServerConfig
 from epp.k8s import KubeClient, KubeError, load_config
+from epp.server.event_loop import EventLoopUnavailable, loop_factory
 from epp.server.flags import FlagError, parse_flags
 from epp.server.logs import configure_logging
 from epp.server.runner import Epp
@@ -31,6 +32,7 @@ log = logging.getLogger("epp")
 async def serve(config: ServerConfig, environ: Mapping[str, str]) -> int:
     kube_config = load_config(config.kubeconfig, environ)
     loop = asyncio.get_running_loop()
+    log.info("event loop: %s.%s", type(loop).__module__, type(loop).__qualname__)
     async with KubeClient(kube_config) as client:
         epp = Epp(config, registry=CollectorRegistry(), kube_client=client)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -55,8 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(flags.log_level, flags.log_encoder, sys.stderr)
     log.info("flags: %s (verbosity %d)", flags.config, flags.verbosity)
     try:
-        return asyncio.run(serve(flags.config, os.environ))
-    except (TaskFailed, KubeError, OSError) as exc:
+        with asyncio.Runner(loop_factory=loop_factory(flags.config.event_loop)) as runner:
+            return runner.run(serve(flags.config, os.environ))
+    except (TaskFailed, KubeError, OSError, EventLoopUnavailable) as exc:
         log.error("endpoint picker failed: %s", exc)
         return 1
 

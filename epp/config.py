@@ -92,6 +92,12 @@ GRPCIO_TRANSPORT = "grpcio"
 EXT_PROC_TRANSPORTS = (H2_TRANSPORT, GRPCIO_TRANSPORT)
 DEFAULT_EXT_PROC_TRANSPORT = H2_TRANSPORT
 
+# The asyncio event loop (epp.server.event_loop): uvloop when installed, uvloop, or asyncio's own.
+AUTO_EVENT_LOOP = "auto"
+UVLOOP_EVENT_LOOP = "uvloop"
+ASYNCIO_EVENT_LOOP = "asyncio"
+EVENT_LOOPS = (AUTO_EVENT_LOOP, UVLOOP_EVENT_LOOP, ASYNCIO_EVENT_LOOP)
+
 FILTER_TREE = "filter-tree"
 SCORER = "scorer"
 SCHEDULERS = (FILTER_TREE, SCORER)
@@ -206,6 +212,7 @@ class ServerConfig:
     refresh_prometheus_metrics_interval: float = DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     ext_proc_transport: str = DEFAULT_EXT_PROC_TRANSPORT
+    event_loop: str = AUTO_EVENT_LOOP
     kubeconfig: str = ""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prober: ProberConfig = field(default_factory=ProberConfig)
@@ -225,6 +232,8 @@ class ServerConfig:
                 self.ext_proc_transport,
                 f"must be one of {', '.join(EXT_PROC_TRANSPORTS)}",
             )
+        if self.event_loop not in EVENT_LOOPS:
+            raise ConfigError("event_loop", self.event_loop, f"must be one of {', '.join(EVENT_LOOPS)}")
         refresh, stale = self.prober.refresh_interval, self.scheduler.metrics_staleness_threshold
         if refresh > stale:
             # Every pod would look stale between two scrapes, and be treated as such.

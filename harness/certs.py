@@ -48,6 +48,10 @@ class ExtProcTls:
     server_name: str
 
 
+UNVERIFIED_EXT_PROC_TLS: Final = ExtProcTls(b"", "")
+"""Envoy speaks TLS to the EPP without verifying its (self-signed) certificate."""
+
+
 class TinyCA:
     """A self-signed CA that issues leaf certificates for one control plane.
 

@@ -8,20 +8,25 @@ is listed automatically when it exists.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import shlex
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from harness import go_binaries
 from harness.binaries import kubectl_path
 from harness.controlplane import FULL, MINIMAL, ControlPlane, ControlPlaneStartError
+
+if TYPE_CHECKING:
+    from harness.chart_install import ChartInstall
 
 PLUGGABLE_COMMANDS: Final = ("demo", "replay", "bench", "conformance")
 _WATCH_INTERVAL: Final = 0.5
@@ -71,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --with-epp: run this EPP instead of ours: a command line taking upstream's flag names "
         "(quoted), 'upstream[:vX.Y.Z]' (built by `harness build --upstream-epp`) or 'ours'",
     )
+    up.add_argument(
+        "--deploy",
+        action="store_true",
+        help="also install deploy/chart with `helm install` (EPP pods run by the node agent), "
+        "examples/cluster/vllm-sim.yaml's model servers, and Envoy in front of the EPP pods",
+    )
+    up.add_argument(
+        "--replicas", type=int, default=2, metavar="N", help="with --deploy: the chart's EPP replicas (2)"
+    )
     up.set_defaults(handler=cmd_up)
 
     build = commands.add_parser(
@@ -89,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    return go_binaries.main(["--upstream-epp", args.upstream_epp] if args.upstream_epp else [])
+    argv = ["--upstream-epp", args.upstream_epp] if args.upstream_epp else []
+    return go_binaries.main([*argv, *(["--helm"] if args.helm else [])])
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -103,6 +118,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         return up_with_epp(args)
     if args.pool or args.epp_command:
         print("error: --pool and --epp-command go with --with-epp", file=sys.stderr)
+        return 2
+    if args.deploy and args.minimal:
+        print(
+            "error: --deploy needs the full plane (the controller-manager makes the EPP pods)",
+            file=sys.stderr,
+        )
         return 2
     stop_requested = threading.Event()
 
@@ -118,6 +139,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         install_crds=not args.no_crds,
         crd_release=args.crd_release,
     )
+    stack = contextlib.ExitStack()
     try:
         try:
             plane.start()  # a signal during start unwinds through start()'s rollback
@@ -127,9 +149,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print("interrupted before the control plane was ready; stopped", file=sys.stderr)
             return 130
+        if args.deploy:
+            try:
+                deployment = _deploy(plane, args.replicas, stack)
+            except KeyboardInterrupt:
+                print("interrupted before the chart was installed; stopped", file=sys.stderr)
+                return 130
+            except Exception as exc:  # helm, kubectl or a pod that never got Ready: say which, stop
+                print(f"error: installing the chart failed: {exc}", file=sys.stderr)
+                return 1
         for sig in previous:
             signal.signal(sig, request_stop)
-        _print_access(plane, args.write_kubeconfig)
+        _print_access(plane, args.write_kubeconfig, last=not args.deploy)
+        if args.deploy:
+            _print_deployment(deployment, plane)
         while not stop_requested.wait(_WATCH_INTERVAL):
             dead = plane.dead_processes()
             if dead:
@@ -139,12 +172,41 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("stopping ...", flush=True)
         return 0
     finally:
-        plane.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        try:
+            stack.close()  # the release, its Envoy and its work directory, before the plane
+        finally:
+            plane.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
-def _print_access(plane: ControlPlane, copy_to: Path | None) -> None:
+def _deploy(plane: ControlPlane, replicas: int, stack: contextlib.ExitStack) -> ChartInstall:
+    from harness.chart_install import ChartInstall, ChartOptions
+
+    work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-deploy-")))
+    print(f"installing deploy/chart ({replicas} EPP replicas) with helm ...", flush=True)
+    install = ChartInstall(plane.access, "default", work_dir, ChartOptions(replicas=replicas))
+    stack.enter_context(install)
+    return install
+
+
+def _print_deployment(install: ChartInstall, plane: ControlPlane) -> None:
+    helm = shlex.quote(str(install.helm.binary))
+    kubeconfig = shlex.quote(str(plane.kubeconfig_path))
+    pods = ", ".join(
+        f"{p['metadata']['name']} ({p['status'].get('podIP')})" for p in install.serving_epp_pods()
+    )
+    release, namespace = install.options.release, install.namespace
+    print(f"chart:      release {release} in namespace {namespace}; "
+          f"{helm} --kubeconfig {kubeconfig} -n {namespace} status {release}")  # fmt: skip
+    print(f"EPP pods:   {pods} (ext_proc :9002, gRPC health :9003, /metrics :9090)")
+    print(f"envoy:      {install.envoy.base_url if install.envoy else ''} (ext_proc to every EPP pod above)")
+    print("models:     meta-llama/Llama-3.1-8B-Instruct, food-review")
+    print(f"export OPENAI_BASE_URL={install.base_url} OPENAI_API_KEY=unused")
+    print("Press Ctrl-C to stop.", flush=True)
+
+
+def _print_access(plane: ControlPlane, copy_to: Path | None, last: bool = True) -> None:
     kubeconfig = plane.kubeconfig_path
     if copy_to is not None:
         shutil.copyfile(kubeconfig, copy_to)
@@ -161,7 +223,8 @@ def _print_access(plane: ControlPlane, copy_to: Path | None) -> None:
         print(
             f"pods:       {plane.nodes} nodes run by the node agent; {plane.access.node_agent_url}/debug/pods"
         )
-    print("Press Ctrl-C to stop.", flush=True)
+    if last:
+        print("Press Ctrl-C to stop.", flush=True)
 
 
 def _optional_command(name: str) -> ModuleType | None:

@@ -14,10 +14,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
+
+from harness.lifecycle import StartStop
 
 _STOP_TIMEOUT_S = 120.0
 _ERROR_TEXT_CHARS = 300
@@ -37,7 +38,7 @@ class Outcome:
         return self.status == 200
 
 
-class ClosedLoopLoad:
+class ClosedLoopLoad(StartStop):
     """`concurrency` clients POSTing `body(i)` (JSON) to `url` until `stop()`."""
 
     def __init__(
@@ -93,14 +94,6 @@ class ClosedLoopLoad:
         if self._error is not None:
             raise RuntimeError("the load generator failed") from self._error
         return self.outcomes()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ on the load's loop
     def _main(self, ready: threading.Event) -> None:

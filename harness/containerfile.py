@@ -63,6 +63,12 @@ class ImageLayout:
     entrypoint: tuple[str, ...]
     user: str | None
     exposed_ports: tuple[int, ...]
+    env: tuple[tuple[str, str], ...] = ()  # the final stage's ENV lines, in order
+
+
+def repository_containerfile() -> Path:
+    """This checkout's Containerfile (the project is installed editable: the harness lives beside it)."""
+    return Path(__file__).resolve().parent.parent / CONTAINERFILE
 
 
 def parse(text: str) -> list[Stage]:
@@ -100,11 +106,29 @@ def image_layout(stages: Sequence[Stage]) -> ImageLayout:
     for expose in final.all("EXPOSE"):
         for token in expose.arguments.split():
             ports.append(int(token.split("/", 1)[0]))
+    env: list[tuple[str, str]] = []
+    for line in final.all("ENV"):
+        env += _env_pairs(line.arguments)
     return ImageLayout(
         tuple(entrypoint.exec_form()),
         _substitute(user.arguments, args) if user is not None else None,
         tuple(ports),
+        tuple(env),
     )
+
+
+def _env_pairs(arguments: str) -> list[tuple[str, str]]:
+    """``ENV A=1 B=2`` (unquoted values only, as this project writes them) or the legacy ``ENV A 1``."""
+    words = arguments.split()
+    if words and "=" not in words[0]:
+        return [(words[0], " ".join(words[1:]))]
+    pairs = []
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise ContainerfileError(f"cannot read ENV {arguments}")
+        pairs.append((key, value.strip("\"'")))
+    return pairs
 
 
 def read(path: Path) -> list[Stage]:

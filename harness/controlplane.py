@@ -42,13 +42,13 @@ import urllib.request
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
 from harness import certs
 from harness.go_binaries import binary_path
+from harness.lifecycle import StartStop
 from harness.ports import LOOPBACK
 from harness.process import ChildProcesses, ManagedProcess, http_health_check
 
@@ -150,7 +150,7 @@ def _kubeconfig_configuration(path: str, mtime_ns: int) -> Configuration:
     return configuration
 
 
-class ControlPlane:
+class ControlPlane(StartStop):
     """etcd + kube-apiserver (+ kube-scheduler + kube-controller-manager + node agent) (+ the CRDs)."""
 
     def __init__(
@@ -266,15 +266,6 @@ class ControlPlane:
             tail = process.log_tail(lines) if process is not None else ""
             parts.append(f"--- {name} log (last {lines} lines) ---\n{tail or '(no output)'}")
         return "\n".join(parts)
-
-    def __enter__(self) -> ControlPlane:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ faults
     # Fault tests start a plane of their own and break it on purpose (never the shared one: other

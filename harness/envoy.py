@@ -8,6 +8,13 @@ and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc
   instead of being sent wherever a client header says;
 * ``metadata_options.receiving_namespaces.untyped: [envoy.lb]``: without it Envoy silently drops the
   dynamic metadata the EPP returns;
+* the request goes to the EPP in BUFFERED mode by default, as DESIGN.md §2 decides (request headers
+  SEND, body BUFFERED: two round trips, headers then body); ``EnvoyOptions.request_body_mode=
+  "FULL_DUPLEX_STREAMED"`` sends headers and body chunks without waiting for replies and the EPP
+  answers once, when the body is complete (one round trip); request and response trailers are
+  then sent too (Envoy requires the former in that mode; the latter keeps the ext_proc stream open
+  until the response has ended, which is when the EPP counts the request out of its pod's in-flight
+  count) and the EPP's Content-Length is kept (``allow_content_length_header``);
 * cluster ``ext_proc``: the EPP over HTTP/2 and TLS, verified: its certificate must come from the
   CA in ``ExtProcTls`` and name ``ExtProcTls.server_name`` (the harness gives the EPP such a
   certificate with ``--certPath``; see ``harness.epp_process``);
@@ -60,6 +67,7 @@ with warnings.catch_warnings():
         CircuitBreakersThresholds,
         Cluster,
         ClusterDiscoveryType,
+        ClusterEdsClusterConfig,
         ClusterLbPolicy,
         ClusterOriginalDstLbConfig,
         ClusterTransportSocketMatch,
@@ -70,6 +78,8 @@ with warnings.catch_warnings():
     )
     from envoy_data_plane.envoy.config.core.v3 import (
         Address,
+        ApiVersion,
+        ConfigSource,
         DataSource,
         GrpcService,
         GrpcServiceEnvoyGrpc,
@@ -77,6 +87,7 @@ with warnings.catch_warnings():
         HealthCheckGrpcHealthCheck,
         Http2ProtocolOptions,
         Node,
+        PathConfigSource,
         RetryPolicy,
         RetryPolicyRetryHostPredicate,
         RuntimeUInt32,
@@ -84,6 +95,7 @@ with warnings.catch_warnings():
         SubstitutionFormatString,
         TransportSocket,
         TypedExtensionConfig,
+        WatchedDirectory,
     )
     from envoy_data_plane.envoy.config.endpoint.v3 import (
         ClusterLoadAssignment,
@@ -144,6 +156,8 @@ DESTINATION_HEADER: Final = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE: Final = "envoy.lb"
 CLIENT_ENVOY_PREFIX: Final = "x-envoy-"
 EXT_PROC_CLUSTER: Final = "ext_proc"
+_CLUSTER_LOAD_ASSIGNMENT_TYPE: Final = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+_EDS_FILE: Final = "ext_proc_endpoints.json"
 MODEL_SERVERS_CLUSTER: Final = "model_servers"
 # Retries of ext_proc streams in flight at once (Envoy's default of 3 turns most of them away when a
 # replica dies under load).
@@ -161,6 +175,7 @@ ACCESS_LOG_FLUSH_MS: Final = 100
 _HOT_RESTART_SHM_PREFIX: Final = "/dev/shm/envoy_shared_memory_"
 
 BodyMode = Literal["NONE", "STREAMED", "BUFFERED"]
+RequestBodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
 
 # One JSON object per request in the access log.
 ACCESS_LOG_FORMAT: Final[dict[str, str]] = {
@@ -211,6 +226,10 @@ class EnvoyOptions:
     """Knobs of the generated bootstrap."""
 
     response_body_mode: BodyMode = "NONE"
+    # BUFFERED (DESIGN.md §2): ours, and upstream v0.3.0's default buffered server.
+    # FULL_DUPLEX_STREAMED (one round trip per request): ours too, and upstream's streaming server
+    # (v0.3.0 with USE_STREAMING=true; the only one from v0.4.0). See the module docstring.
+    request_body_mode: RequestBodyMode = "BUFFERED"
     # The EPP's gRPC stream timeout and the per-message timeout of the ext_proc filter.
     ext_proc_timeout_s: float = 10.0
     message_timeout_s: float = 5.0
@@ -230,6 +249,10 @@ class EnvoyOptions:
     # retried: the EPP may already have routed it.
     ext_proc_health_check: ExtProcHealthCheck | None = None
     ext_proc_retries: int = 0
+    # The ext_proc cluster's endpoints come from a file Envoy watches (file-based EDS), which
+    # `Envoy.set_ext_proc_replicas` rewrites: how a gateway follows a Deployment's pods as they are
+    # replaced (their Service's EndpointSlices). Otherwise the replicas are fixed at start (STATIC).
+    ext_proc_dynamic_endpoints: bool = False
 
 
 def _seconds(value: float) -> dt.timedelta:
@@ -245,9 +268,11 @@ def _string_struct(fields: dict[str, str]) -> Struct:
 
 
 def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
-    """The ext_proc filter config: request headers SEND, body BUFFERED, response headers SKIP."""
+    """The ext_proc filter config: request headers SEND, the body in ``options.request_body_mode``
+    (with trailers SEND both ways in full duplex), response headers SKIP."""
     header = ProcessingModeHeaderSendMode
     body = ProcessingModeBodySendMode
+    duplex = options.request_body_mode == "FULL_DUPLEX_STREAMED"
     return ExternalProcessor(
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
@@ -261,15 +286,16 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
         message_timeout=_seconds(options.message_timeout_s),
         processing_mode=ProcessingMode(
             request_header_mode=header.SEND,
-            request_body_mode=body.BUFFERED,
+            request_body_mode=body[options.request_body_mode],
             response_header_mode=header.SKIP,
             response_body_mode=body[options.response_body_mode],
-            request_trailer_mode=header.SKIP,
-            response_trailer_mode=header.SKIP,
+            request_trailer_mode=header.SEND if duplex else header.SKIP,
+            response_trailer_mode=header.SEND if duplex else header.SKIP,
         ),
         metadata_options=MetadataOptions(
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE])
         ),
+        allow_content_length_header=duplex,
     )
 
 
@@ -366,7 +392,16 @@ def strip_client_envoy_headers() -> TypedExtensionConfig:
 
 
 def ext_proc_tls_context(tls: ExtProcTls) -> UpstreamTlsContext:
-    """TLS to the EPP that verifies it: a certificate from `tls.ca_pem`, for `tls.server_name`."""
+    """TLS to the EPP that verifies it: a certificate from `tls.ca_pem`, for `tls.server_name`.
+
+    An empty `ca_pem` (`harness.certs.UNVERIFIED_EXT_PROC_TLS`) means TLS without verification: what
+    upstream's gateway set-ups do with the EPP's self-signed certificate (Istio's DestinationRule
+    `insecureSkipVerify: true`), and what a chart installed without `tlsSecretName` needs, since
+    every replica makes a certificate of its own at start.
+    """
+    if not tls.ca_pem:
+        unverified = CommonTlsContext(alpn_protocols=["h2"])
+        return UpstreamTlsContext(sni=tls.server_name, common_tls_context=unverified)
     return UpstreamTlsContext(
         sni=tls.server_name,
         common_tls_context=CommonTlsContext(
@@ -394,6 +429,7 @@ def build_bootstrap(
     options: EnvoyOptions = EnvoyOptions(),
     ext_proc_tls: ExtProcTls | None = None,
     ext_proc_replicas: Sequence[ExtProcReplica] = (),
+    ext_proc_endpoints_path: Path | None = None,
 ) -> Bootstrap:
     """The whole Envoy bootstrap as typed API objects.
 
@@ -401,7 +437,9 @@ def build_bootstrap(
     Envoy verifies the EPP's certificate against it (every replica presents a certificate from the
     same CA for the same name, as the pods of one Deployment do). Only the `direct_upstream`
     baseline, which never calls the EPP, may leave it out. `ext_proc_replicas`, when given, replace
-    `ext_proc_host`/`ext_proc_port` as the ext_proc cluster's endpoints.
+    `ext_proc_host`/`ext_proc_port` as the ext_proc cluster's endpoints; with
+    `ext_proc_endpoints_path`, the endpoints are read from that file instead (EDS, see
+    `ext_proc_endpoints_json`), and Envoy reloads it whenever a new file is renamed into its directory.
     """
     calls_epp = options.direct_upstream is None
     if options.ext_proc_tls and calls_epp and ext_proc_tls is None:
@@ -489,6 +527,18 @@ def build_bootstrap(
         ),
         health_checks=ext_proc_health_checks(options.ext_proc_health_check),
     )
+    if ext_proc_endpoints_path is not None:
+        ext_proc_cluster.type = ClusterDiscoveryType.EDS
+        ext_proc_cluster.load_assignment = None
+        ext_proc_cluster.eds_cluster_config = ClusterEdsClusterConfig(
+            eds_config=ConfigSource(
+                path_config_source=PathConfigSource(
+                    path=str(ext_proc_endpoints_path),
+                    watched_directory=WatchedDirectory(path=str(ext_proc_endpoints_path.parent)),
+                ),
+                resource_api_version=ApiVersion.V3,
+            )
+        )
     if options.ext_proc_retries > 0:
         # Envoy allows 3 retries in flight per cluster by default: when a replica dies, every stream
         # that was about to start on it needs one at once.
@@ -546,6 +596,16 @@ def build_bootstrap(
             listeners=[listener], clusters=[ext_proc_cluster, model_servers]
         ),
     )
+
+
+def ext_proc_endpoints_json(replicas: Sequence[ExtProcReplica], version: int) -> str:
+    """The EDS file of the ext_proc cluster: a DiscoveryResponse holding its ClusterLoadAssignment."""
+    assignment = ClusterLoadAssignment(
+        cluster_name=EXT_PROC_CLUSTER,
+        endpoints=[LocalityLbEndpoints(lb_endpoints=_ext_proc_endpoints(replicas))],
+    )
+    resource = {"@type": _CLUSTER_LOAD_ASSIGNMENT_TYPE, **assignment.to_dict()}
+    return json.dumps({"version_info": str(version), "resources": [resource]}, indent=2)
 
 
 def _ext_proc_endpoints(replicas: Sequence[ExtProcReplica]) -> list[LbEndpoint]:
@@ -619,6 +679,7 @@ class Envoy:
         self.port = 0
         self.admin_port = 0
         self.bootstrap: Bootstrap | None = None
+        self._eds_version = 0
 
     # ---- addresses -------------------------------------------------------------------------
     @property
@@ -671,6 +732,9 @@ class Envoy:
             self._dir = self._given_dir
         else:
             self._dir = self._children.temp_dir("envoy")
+        if self.options.ext_proc_dynamic_endpoints:
+            self._endpoints_dir().mkdir(exist_ok=True)
+            self.set_ext_proc_replicas(self.ext_proc_replicas)
         self.bootstrap = self._build_bootstrap()
         config_path = self.dir / "bootstrap.json"
         config_path.write_text(bootstrap_json(self.bootstrap))
@@ -705,7 +769,26 @@ class Envoy:
             options=self.options,
             ext_proc_tls=self.ext_proc_tls,
             ext_proc_replicas=self.ext_proc_replicas,
+            ext_proc_endpoints_path=(
+                self._endpoints_dir() / _EDS_FILE if self.options.ext_proc_dynamic_endpoints else None
+            ),
         )
+
+    def _endpoints_dir(self) -> Path:
+        return self.dir / "eds"  # Envoy reloads on any rename into this directory: nothing else goes here
+
+    def set_ext_proc_replicas(self, replicas: Sequence[ExtProcReplica]) -> None:
+        """Replace the ext_proc cluster's endpoints (``ext_proc_dynamic_endpoints`` only). Envoy applies
+        the file within milliseconds; the endpoints it lists are health-checked before use, and a
+        removed one keeps its streams in flight until they end."""
+        if not self.options.ext_proc_dynamic_endpoints:
+            raise RuntimeError("this Envoy's ext_proc endpoints are static")
+        self._eds_version += 1
+        directory = self._endpoints_dir()
+        staged = self.dir / f".{_EDS_FILE}.{self._eds_version}"
+        staged.write_text(ext_proc_endpoints_json(replicas, self._eds_version), encoding="utf-8")
+        staged.replace(directory / _EDS_FILE)  # atomic, and the rename is what Envoy's watch sees
+        self.ext_proc_replicas = tuple(replicas)
 
     def _reserve(self) -> int:
         return self._children.reserve_port(LOOPBACK)

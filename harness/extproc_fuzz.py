@@ -8,15 +8,18 @@ known and unknown models, duplicate or non-string `model`, deep nesting, huge st
 and non-finite numbers, UTF-16/32, BOMs, lone surrogates, invalid UTF-8, random bytes.
 
 `run_case` plays one stream against a live server over gRPC, as Envoy does (one message, then its
-reply), and `violations` lists what broke. The properties (issue 12, Deliver 4):
+reply; or, when a message says FULL_DUPLEX_STREAMED, every message at once, then every reply), and
+`violations` lists what broke. The properties (issue 12, Deliver 4):
 - the stream ends OK, or INVALID_ARGUMENT only for a message that is not a ProcessingRequest we
-  handle; it never hangs (every expected reply arrives) and never answers more than it was asked;
+  handle; it never hangs (every expected reply arrives) and never answers more than it was asked
+  (in full duplex: the stream ends once Envoy has nothing more to send);
 - client input never gets 500: every ImmediateResponse is 400, 404, 413, 429 or 503 with one line
   of OpenAI-style JSON;
 - a destination is only ever a ready pod of the pool, at most one destination header per reply,
   header and metadata agree, and at most one routing decision per stream;
 - a rewritten body is strict JSON (no NaN/Infinity) naming a target of the requested model, with a
-  matching Content-Length.
+  matching Content-Length (in full duplex: the body handed back in `streamed_response` chunks, put
+  together, matches the Content-Length of the headers reply, and only its last chunk ends it).
 The pytest CI profile (tests/unit/handlers/test_fuzz.py) drives the servicer in process; the long
 profile (benchmarks/fuzz_ext_proc.py) drives a real EPP process and reports its memory.
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +45,7 @@ CLIENT_ERROR_STATUSES = frozenset({400, 404, 413, 429, 503})
 CLIENT_CORE_RACE = "Internal error from Core"
 # A body at least this big goes to the EPP's body-scanning child process (epp.body).
 BIG_BODY = 300 * 1024
-_BUFFERED, _STREAMED = 2, 1  # ProcessingMode.BodySendMode
+_BUFFERED, _STREAMED, _FULL_DUPLEX = 2, 1, 4  # ProcessingMode.BodySendMode
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,16 @@ class Message:
 class FuzzCase:
     messages: tuple[Message, ...]
     body: bytes  # the request body the chunks were cut from
+
+    @property
+    def duplex(self) -> bool:
+        """A message says FULL_DUPLEX_STREAMED: replies come when the EPP decides, not one per message."""
+        for message in self.messages:
+            if message.kind != "garbage":
+                request = pb.ProcessingRequest.FromString(message.raw)
+                if request.protocol_config.request_body_mode == _FULL_DUPLEX:
+                    return True
+        return False
 
     def __repr__(self) -> str:
         kinds = [m.kind + ("" if m.expects_reply else "(obs)") for m in self.messages]
@@ -191,7 +204,7 @@ def _request_headers(draw: st.DrawFn, world: FuzzWorld, body_length: int) -> pb.
     msg = pb.ProcessingRequest(
         request_headers=pb.HttpHeaders(headers=_headers_map(headers), end_of_stream=_one_in(draw, 6))
     )
-    mode = draw(st.sampled_from([None, None, _BUFFERED, _STREAMED, 0]))
+    mode = draw(st.sampled_from([None, None, _BUFFERED, _STREAMED, _FULL_DUPLEX, 0]))
     if mode is not None:
         msg.protocol_config.request_body_mode = mode
     return msg
@@ -268,6 +281,8 @@ async def run_case(channel: grpc.aio.Channel, case: FuzzCase, reply_timeout: flo
 
     A reply that takes longer than `reply_timeout` counts as a hang (Envoy's message timeout).
     """
+    if case.duplex:
+        return await _run_duplex(channel, case, reply_timeout)
     outcome = Outcome()
     call = channel.stream_stream(PROCESS_METHOD)()
     try:
@@ -310,6 +325,35 @@ async def run_case(channel: grpc.aio.Channel, case: FuzzCase, reply_timeout: flo
             call.cancel()
 
 
+async def _run_duplex(channel: grpc.aio.Channel, case: FuzzCase, reply_timeout: float) -> Outcome:
+    """Full duplex: every message without waiting (as Envoy streams), then every reply until the end.
+
+    The messages go in as a request iterator, so grpc.aio stops sending by itself when the server has
+    ended the stream (an ImmediateResponse) instead of failing a write.
+    """
+    outcome = Outcome()
+
+    async def messages() -> AsyncIterator[bytes]:
+        for message in case.messages:
+            yield message.raw
+
+    call = channel.stream_stream(PROCESS_METHOD)(messages())
+    try:
+        while (reply := await asyncio.wait_for(call.read(), reply_timeout)) is not grpc.aio.EOF:
+            outcome.replies.append(pb.ProcessingResponse.FromString(reply))
+    except TimeoutError:
+        outcome.hung = True
+        call.cancel()
+        return outcome
+    except grpc.aio.AioRpcError:
+        pass
+    outcome.code = await call.code()
+    outcome.details = await call.details() or ""
+    # The client core's own error for messages it still had to send after the server ended the stream.
+    outcome.cut_short = outcome.code == grpc.StatusCode.INTERNAL and outcome.details == CLIENT_CORE_RACE
+    return outcome
+
+
 # --- what must never happen -----------------------------------------------------------------------
 def _strict_json(raw: bytes) -> Any:
     def refuse(name: str) -> Any:
@@ -350,7 +394,10 @@ def violations(world: FuzzWorld, case: FuzzCase, outcome: Outcome) -> list[str]:
         routed, found = _destination_problems(world, reply)
         problems += found
         routing_replies += routed
-        problems += _body_problems(world, bodies, reply)
+        if not case.duplex:
+            problems += _body_problems(world, bodies, reply)
+    if case.duplex:
+        problems += _streamed_problems(world, bodies, outcome.replies)
     if routing_replies > 1:
         problems.append(f"{routing_replies} routing decisions in one stream")
     return problems
@@ -429,6 +476,41 @@ def _body_problems(world: FuzzWorld, bodies: list[bytes], reply: pb.ProcessingRe
     problems = []
     if not has_body or lengths != [str(len(body))]:
         problems.append(f"Content-Length {lengths} for a body of {len(body)} bytes")
+    return problems + _rewritten_problems(world, bodies, body)
+
+
+def _streamed_problems(
+    world: FuzzWorld, bodies: list[bytes], replies: Sequence[pb.ProcessingResponse]
+) -> list[str]:
+    """Full duplex: the body handed back in chunks after the headers reply that routed it."""
+    lengths = [
+        (o.header.raw_value or o.header.value.encode()).decode(errors="replace")
+        for reply in replies
+        if reply.WhichOneof("response") == "request_headers"
+        for o in reply.request_headers.response.header_mutation.set_headers
+        if o.header.key.lower() == "content-length"
+    ]
+    chunks = [
+        reply.request_body.response.body_mutation.streamed_response
+        for reply in replies
+        if reply.WhichOneof("response") == "request_body"
+        and reply.request_body.response.body_mutation.HasField("streamed_response")
+    ]
+    problems = []
+    if any(chunk.end_of_stream for chunk in chunks[:-1]):
+        problems.append("a streamed body chunk ends the body before the last one")
+    if not lengths:
+        return problems
+    body = b"".join(chunk.body for chunk in chunks)
+    if lengths != [str(len(body))]:
+        problems.append(f"Content-Length {lengths} for a streamed body of {len(body)} bytes")
+    if body in bodies:
+        return problems  # handed back as the client sent it
+    return problems + _rewritten_problems(world, bodies, body)
+
+
+def _rewritten_problems(world: FuzzWorld, bodies: list[bytes], body: bytes) -> list[str]:
+    problems: list[str] = []
     try:
         rewritten = _strict_json(body)
     except (ValueError, RecursionError) as exc:

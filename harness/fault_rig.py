@@ -19,12 +19,12 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import yaml
 
 from harness.controlplane import ControlPlane
+from harness.lifecycle import StartStop
 from harness.namespaces import TEST_LABEL, create_namespace
 from harness.ports import LOOPBACK
 from harness.process import temp_prefix
@@ -38,7 +38,7 @@ DEFAULT_WATCH_BOOKMARK_INTERVAL_S = 2.0
 DEFAULT_NAMESPACE = "faults"
 
 
-class FaultRig:
+class FaultRig(StartStop):
     """Its own plane, a proxy between the EPP and the API server, and a TestBed; see the module docstring."""
 
     def __init__(
@@ -100,14 +100,6 @@ class FaultRig:
                 if self._dir is not None:
                     shutil.rmtree(self._dir, ignore_errors=True)
                     self._dir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def _redirect_kubeconfig(source: Path, target: Path, server_url: str) -> None:

@@ -32,7 +32,8 @@ Usage (a running control plane ``plane`` and a pool ``my-pool`` in namespace ``n
     command = EppCommand.parse("/path/to/epp --flag=x")  # any command line (upstream dialect)
     with ForeignEpp(command, "my-pool", "ns", plane.access.kubeconfig_path) as epp:
         epp.wait_serving()
-        with Envoy(epp.ext_proc_address, ext_proc_tls=epp.ext_proc_tls) as envoy:
+        options = EnvoyOptions(request_body_mode=command.envoy_request_body_mode)
+        with Envoy(epp.ext_proc_address, options=options, ext_proc_tls=epp.ext_proc_tls) as envoy:
             ...  # send requests to envoy.base_url
 
 Upstream v0.3.0 reads the KV-cache gauge as ``vllm:gpu_cache_usage_perc`` by default; simulators of
@@ -40,6 +41,11 @@ vLLM >= 0.10 (the default) publish ``vllm:kv_cache_usage_perc``: pass
 ``extra_args=["--kvCacheUsagePercentageMetric=vllm:kv_cache_usage_perc"]`` (``sim_metric_args``).
 Its ``/metrics`` wants a bearer token allowed by TokenReview/SubjectAccessReview, so nothing here
 reads it.
+
+Envoy's body mode follows the EPP (``EppCommand.envoy_request_body_mode``): BUFFERED unless the
+command says otherwise (ours speaks both; upstream v0.3.0's default server only BUFFERED, its
+streaming one needs ``USE_STREAMING=true`` in its environment and
+``request_body_mode="FULL_DUPLEX_STREAMED"``).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ import grpc
 from harness import epp_probe, go_binaries
 from harness.binaries import BinaryNotFoundError
 from harness.certs import ExtProcTls
+from harness.envoy import RequestBodyMode
 from harness.epp_process import epp_server_name, serving_certificate
 from harness.eventually import eventually
 from harness.ports import LOOPBACK, PortReservation, claim_port, reserve_port
@@ -81,10 +88,18 @@ class EppCommand:
     dialect: Dialect = "upstream"
     fixed_ports: tuple[int, ...] = ()
     label: str = ""
+    # How its Envoy sends the request body (``EnvoyOptions.request_body_mode``); None: BUFFERED, the
+    # harness's default (DESIGN.md §2), which every dialect speaks.
+    request_body_mode: RequestBodyMode | None = None
 
     def __post_init__(self) -> None:
         if not self.argv:
             raise ValueError("an EPP command needs at least the program to run")
+
+    @property
+    def envoy_request_body_mode(self) -> RequestBodyMode:
+        """``request_body_mode`` if set, else BUFFERED (see the field)."""
+        return self.request_body_mode or "BUFFERED"
 
     @property
     def name(self) -> str:
@@ -137,8 +152,8 @@ class EppCommand:
         implicitly: about 4 minutes and 1 GiB of Go modules).
         """
         path = go_binaries.find_upstream_epp(version)
+        version = version.removeprefix("v")
         if path is None:
-            version = version.removeprefix("v")
             raise BinaryNotFoundError(
                 f"upstream EPP v{version} is not built: run `harness build --upstream-epp v{version}` "
                 f"(or set $TEST_ASSET_UPSTREAM_EPP to a binary of that release)"

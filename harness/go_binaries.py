@@ -24,8 +24,16 @@ go.mod has no ``replace`` lines, so the plain wrapper module builds it. It has n
 its pin is checked in the build information Go embeds (``mod\t<module>\tv0.3.0``). Cached as
 ``<cache>/upstream-epp/v0.3.0/upstream-epp``; ``$TEST_ASSET_UPSTREAM_EPP`` points elsewhere.
 
-Adding a binary (helm, ...) is one ``GoBuild`` declaration here plus its entry in ``BUILDS`` (built
-by ``harness build``) or a function like ``upstream_epp_build`` (built on request).
+helm (``helm.sh/helm/v3``, ``./cmd/helm``) for the chart checks and ``harness up --deploy``: its go.mod
+has no ``replace`` lines, so the plain wrapper module builds it, in a module of its own (it requires
+the Kubernetes client libraries of its own release, not ours). Stamped as helm's Makefile does:
+``internal/version.version`` (so ``helm version --short`` reports the pin) and the Kubernetes version
+that ``helm lint`` and ``.Capabilities.KubeVersion`` assume (client-go's minor, major + 1). Not in
+``BUILDS``: the tests that need it build it on demand (``helm_path()``) and ``harness build --helm``
+builds it up front; ``$TEST_ASSET_HELM`` points elsewhere.
+
+Adding a binary is one ``GoBuild`` declaration here plus its entry in ``BUILDS`` (built by
+``harness build``) or a function like ``upstream_epp_build`` (built on request).
 """
 
 from __future__ import annotations
@@ -148,6 +156,36 @@ ETCD: Final = GoBuild(
     ldflags=etcd_ldflags,
 )
 
+HELM_VERSION: Final = "3.19.0"
+_CLIENT_GO_RE: Final = re.compile(r"^\s*k8s\.io/client-go\s+v(\d+)\.(\d+)\.", re.MULTILINE)
+
+
+def helm_ldflags(context: BuildContext) -> str:
+    """As helm's Makefile: the release in ``internal/version`` and client-go's Kubernetes version.
+
+    client-go ``v0.34.x`` is Kubernetes 1.34, which ``helm lint`` and ``helm template`` then assume
+    for ``.Capabilities.KubeVersion`` (the Makefile computes major as 0 + 1 the same way).
+    """
+    flags = ["-s", "-w", f"-X helm.sh/helm/v3/internal/version.version=v{context.version}"]
+    flags.append("-X helm.sh/helm/v3/internal/version.gitTreeState=clean")
+    if context.commit:
+        flags.append(f"-X helm.sh/helm/v3/internal/version.gitCommit={context.commit}")
+    match = _CLIENT_GO_RE.search(context.upstream_go_mod)
+    if match is not None:
+        major, minor = str(int(match.group(1)) + 1), match.group(2)
+        for package in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+            flags += [f"-X {package}.k8sVersionMajor={major}", f"-X {package}.k8sVersionMinor={minor}"]
+    return " ".join(flags)
+
+
+HELM: Final = GoBuild(
+    name="helm",
+    module="helm.sh/helm/v3",
+    version=HELM_VERSION,
+    binaries=(GoBinary("helm", "helm.sh/helm/v3/cmd/helm", ("version", "--short"), f"v{HELM_VERSION}"),),
+    ldflags=helm_ldflags,
+)
+
 BUILDS: Final = (ETCD, KUBERNETES)
 """Everything ``harness build`` ensures, in this order."""
 
@@ -187,6 +225,11 @@ def find_upstream_epp(version: str = UPSTREAM_EPP_VERSION) -> Path | None:
     return None if found is None else found.path
 
 
+def helm_path(progress: TextIO | None = None) -> Path:
+    """The pinned helm, built into the cache if needed (about 3 minutes cold, once)."""
+    return gobuild.ensure(HELM, progress)["helm"].path
+
+
 def _build_of(name: str) -> GoBuild:
     for build in BUILDS:
         if any(binary.name == name for binary in build.binaries):
@@ -220,6 +263,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"also build upstream's Go EPP ({UPSTREAM_EPP_MODULE} ./cmd/epp) at VERSION, "
         f"e.g. v{UPSTREAM_EPP_VERSION} (never built otherwise)",
     )
+    parser.add_argument(
+        "--helm",
+        action="store_true",
+        help=f"also build helm v{HELM_VERSION} (otherwise built on first use by the chart tests)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -228,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     wanted = list(BUILDS)
+    if args.helm:
+        wanted.append(HELM)
     if args.upstream_epp:
         wanted.append(upstream_epp_build(args.upstream_epp))
     try:

@@ -29,7 +29,6 @@ import secrets
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any, Final
 
 from kubernetes import client
@@ -37,6 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from harness.eventually import eventually
 from harness.kube import JsonObject, response_json
+from harness.lifecycle import StartStop
 
 NODE_SET_KEY: Final = "epp-harness/node-set"
 LEASE_NAMESPACE: Final = "kube-node-lease"
@@ -46,7 +46,7 @@ DEFAULT_CAPACITY: Final = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemer
 KUBELET_VERSION: Final = "v1.36.3"
 
 
-class NodeSet:
+class NodeSet(StartStop):
     """``count`` Nodes with renewed Leases, labelled (and tainted) with a set-unique id."""
 
     def __init__(
@@ -131,15 +131,6 @@ class NodeSet:
             self._thread.join()
             self._thread = None
         self._delete_nodes()
-
-    def __enter__(self) -> NodeSet:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ the kubelet's part
 

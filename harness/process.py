@@ -40,9 +40,9 @@ import urllib.parse
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Final
 
+from harness.lifecycle import StartStop
 from harness.ports import LOOPBACK, reserve_port
 
 TEMP_DIR_PREFIX: Final = "epp-harness-"
@@ -99,7 +99,7 @@ def http_health_check(
     return check
 
 
-class ManagedProcess:
+class ManagedProcess(StartStop):
     """A binary with args, a working dir, a health check, and start/stop timeouts."""
 
     def __init__(
@@ -277,15 +277,6 @@ class ManagedProcess:
         except (OSError, RuntimeError):
             return ""
         return "\n".join(text.splitlines()[-lines:])
-
-    def __enter__(self) -> ManagedProcess:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"ManagedProcess({self.name!r}, pid={self.pid}, dir={self.dir})"

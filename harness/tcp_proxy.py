@@ -20,9 +20,9 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Coroutine
-from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from harness.lifecycle import StartStop
 from harness.ports import LOOPBACK, PortReservation, reserve_port
 
 T = TypeVar("T")
@@ -63,7 +63,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.write_eof()
 
 
-class TcpProxy:
+class TcpProxy(StartStop):
     """Forwards `LOOPBACK:port` to `upstream_host:upstream_port`; see the module docstring."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
@@ -129,14 +129,6 @@ class TcpProxy:
         if self._reservation is not None:
             self._reservation.release()
             self._reservation = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ faults
     def freeze(self) -> int:

@@ -14,7 +14,7 @@ message ends its stream with UNIMPLEMENTED), server push, priorities (ignored), 
 (``grpc-timeout`` is Envoy's to enforce), unary or server-streaming methods.
 """
 
-from epp.h2.connection import GrpcStream, Limits, StreamError
+from epp.h2.connection import GrpcStream, Limits, Replies, StreamError
 from epp.h2.server import GrpcServer, server_ssl_context
 
-__all__ = ["GrpcServer", "GrpcStream", "Limits", "StreamError", "server_ssl_context"]
+__all__ = ["GrpcServer", "GrpcStream", "Limits", "Replies", "StreamError", "server_ssl_context"]

@@ -56,13 +56,19 @@ class StreamError(Exception):
         self.message = message
 
 
+Replies = bytes | tuple[bytes, ...] | None
+"""What a handler answers one message with: nothing, one message, or several in order."""
+
+
 class GrpcStream(Protocol):
     """One RPC: ``handle`` each request message in order, ``close`` exactly once when it ends.
 
-    ``handle`` returns (reply or None, end): ``end`` finishes the RPC with OK after the reply.
+    ``handle`` returns (replies, end): ``end`` finishes the RPC with OK after the replies. Its first
+    step runs outside any task (see the module docstring): code before its first suspension must
+    not need ``asyncio.current_task()`` (``asyncio.timeout`` does).
     """
 
-    async def handle(self, message: bytes) -> tuple[bytes | None, bool]: ...
+    async def handle(self, message: bytes) -> tuple[Replies, bool]: ...
 
     def close(self) -> None: ...
 
@@ -602,16 +608,17 @@ class Connection(asyncio.Protocol):
         log.error("a gRPC stream handler failed:\n%s", "".join(traceback.format_exception(exc)))
         self._finish(stream, UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
 
-    def _reply(self, stream: _Stream, result: tuple[bytes | None, bool]) -> None:
+    def _reply(self, stream: _Stream, result: tuple[Replies, bool]) -> None:
         if stream.finished:
             return
-        reply, end = result
-        if reply is not None:
+        replies, end = result
+        if replies is not None:
             if not stream.headers_sent:
                 stream.headers_sent = True
                 self._write(f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS))
-            data = len(reply).to_bytes(_GRPC_PREFIX_BYTES, "big") + reply
-            stream.pending.append(memoryview(data))
+            pending = stream.pending
+            for reply in (replies,) if isinstance(replies, bytes) else replies:
+                pending.append(memoryview(len(reply).to_bytes(_GRPC_PREFIX_BYTES, "big") + reply))
             self._flush(stream)
         if end:
             self._finish(stream, OK, "")

@@ -108,6 +108,24 @@ def route(
     return bytes(resp.SerializeToString())
 
 
+# Envoy's recommended ceiling for one streamed body chunk in FULL_DUPLEX_STREAMED mode.
+STREAMED_CHUNK_BYTES = 64 * 1024
+
+
+def streamed_body(body: bytes, end_of_stream: bool) -> tuple[bytes, ...]:
+    """A request body handed back to Envoy in full duplex mode: `streamed_response` chunks of at most
+    `STREAMED_CHUNK_BYTES`, `end_of_stream` on the last one when asked (not when trailers follow)."""
+    pieces = [body[i : i + STREAMED_CHUNK_BYTES] for i in range(0, len(body), STREAMED_CHUNK_BYTES)] or [b""]
+    out = []
+    for index, piece in enumerate(pieces):
+        resp = pb.ProcessingResponse()
+        streamed = resp.request_body.response.body_mutation.streamed_response
+        streamed.body = piece
+        streamed.end_of_stream = end_of_stream and index == len(pieces) - 1
+        out.append(bytes(resp.SerializeToString()))
+    return tuple(out)
+
+
 def one_line(text: str) -> str:
     """Collapse whitespace (a client-chosen model name may contain newlines) and cap the length."""
     flat = " ".join(text.split())

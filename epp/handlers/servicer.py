@@ -27,7 +27,7 @@ from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 from epp.h2 import GrpcServer, StreamError
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.handlers.responses import ConstantReplies, Destination
-from epp.handlers.stream import ExtProcStream, PodScheduler, ProtocolError, RoutingView, StreamDeps
+from epp.handlers.stream import ExtProcStream, PodScheduler, ProtocolError, Reply, RoutingView, StreamDeps
 from epp.metrics import RequestMetrics
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class _H2Stream:
     def __init__(self, stream: ExtProcStream) -> None:
         self._stream = stream
 
-    async def handle(self, message: bytes) -> tuple[bytes | None, bool]:
+    async def handle(self, message: bytes) -> tuple[Reply, bool]:
         try:
             return await self._stream.handle(message)
         except ProtocolError as exc:
@@ -119,7 +119,10 @@ class ExtProcServicer:
                     context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
                     context.set_details(problem)
                     return
-                if reply is not None:
+                if isinstance(reply, tuple):
+                    for one in reply:
+                        yield one
+                elif reply is not None:
                     yield reply
                 if end:
                     return

@@ -6,6 +6,12 @@ where every protocol decision lives (DESIGN.md §2 Handlers and §6, epp-behavio
 
 - request headers: remembered; a client-supplied destination hint is removed; a bodyless request
   (end_of_stream, e.g. GET) is routed at once to a random pod.
+- FULL_DUPLEX_STREAMED (Envoy says so in `protocol_config`; what upstream's streaming server
+  speaks): Envoy sends headers and body chunks without waiting for replies, so nothing is answered
+  until the body is complete (end_of_stream, or the request trailers); then one reply per phase in
+  order: the headers (destination, Content-Length of the body as forwarded, the client's hint
+  removed, metadata), the body itself in `streamed_response` chunks of at most 64 KiB, and the
+  trailers when the client sent some. One round trip per request instead of two.
 - request body: chunks are accumulated until the body is complete: end_of_stream, the one BUFFERED
   message (Envoy says so in `protocol_config`), or as many bytes as the request's Content-Length.
   More than `max_body_bytes` is refused with 413 at once, however it arrives. Then: no pool → 503
@@ -14,8 +20,9 @@ where every protocol decision lives (DESIGN.md §2 Handlers and §6, epp-behavio
   metadata, with `model` spliced into the client's bytes and Content-Length set when the target
   differs. Each non-final chunk is answered by holding it back (clear_body), and the final reply
   carries the whole body, so a split body still reaches the model server exactly once.
-- request trailers before the body is complete: a trailers reply cannot carry the held-back body,
-  so the request is refused with 400 and a message saying why, instead of waiting forever.
+- request trailers before the body is complete (BUFFERED/STREAMED): a trailers reply cannot carry
+  the held-back body, so the request is refused with 400 and a message saying why, instead of
+  waiting forever. In full duplex the trailers end the body instead (see above).
 - response headers/body: only observed (status, SSE, size, token usage), never changed.
 - any `EppError` becomes an ImmediateResponse and ends the stream; an unexpected exception on the
   request side becomes Internal (500) with its traceback logged; on the response side it is logged
@@ -52,6 +59,10 @@ from epp.scheduling import LLMRequest
 log = logging.getLogger(__name__)
 
 _BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+_FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+
+Reply = bytes | tuple[bytes, ...] | None
+"""What one message gets back: nothing, one ProcessingResponse, or several in order (full duplex)."""
 _SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
 # Response statuses from which the request counts as a ModelServerError (once per stream).
 _FIRST_ERROR_STATUS = 400
@@ -124,6 +135,8 @@ class ExtProcStream:
         "_decided",
         "_declared_length",
         "_deps",
+        "_duplex",
+        "_duplex_body_ended",
         "_error_counted",
         "_in_flight",
         "_json_body",
@@ -149,6 +162,8 @@ class ExtProcStream:
         self.usage: Usage | None = None
         self._received_at = deps.clock()
         self._buffered_mode = False
+        self._duplex = False  # FULL_DUPLEX_STREAMED: answer the request side once, when the body is complete
+        self._duplex_body_ended = False  # full duplex: the body's end went back to Envoy (or there is none)
         self._body_chunks: list[bytes] = []
         self._body_size = 0
         self._declared_length: int | None = None  # Content-Length of the request, when sent
@@ -163,20 +178,22 @@ class ExtProcStream:
         self._in_flight: Dispatch | None = None
 
     # --- entry points ----------------------------------------------------------------------------
-    async def handle(self, raw: bytes) -> tuple[bytes | None, bool]:
-        """Reply to one serialised ProcessingRequest: (reply bytes or None, end the stream?)."""
+    async def handle(self, raw: bytes) -> tuple[Reply, bool]:
+        """Reply to one serialised ProcessingRequest: (reply bytes, several, or None; end the stream?)."""
         try:
             req = pb.ProcessingRequest.FromString(raw)
         except DecodeError as exc:
             raise ProtocolError(f"undecodable ProcessingRequest: {exc}") from exc
         if req.HasField("protocol_config"):
-            self._buffered_mode = req.protocol_config.request_body_mode == _BUFFERED
+            mode = req.protocol_config.request_body_mode
+            self._buffered_mode = mode == _BUFFERED
+            self._duplex = mode == _FULL_DUPLEX
         if req.observability_mode:
             # Envoy expects no reply in observability mode; what it tells us is still recorded.
             return None, (await self._dispatch(req))[1]
         return await self._dispatch(req)
 
-    async def _dispatch(self, req: pb.ProcessingRequest) -> tuple[bytes | None, bool]:
+    async def _dispatch(self, req: pb.ProcessingRequest) -> tuple[Reply, bool]:
         kind = req.WhichOneof("request")
         if kind in _REQUEST_SIDE:
             try:
@@ -184,7 +201,7 @@ class ExtProcStream:
                     return self._request_headers(req.request_headers), False
                 if kind == "request_body":
                     return await self._request_body(req.request_body), False
-                return self._request_trailers(), False
+                return await self._request_trailers(), False
             except EppError as err:
                 return self._fail(err), True
             except Exception as exc:
@@ -233,33 +250,44 @@ class ExtProcStream:
                 self._declared_length = int(value) if value.isdigit() else None
         if msg.end_of_stream and not self._decided:
             return self._route_bodyless()
+        if self._duplex:
+            return None  # answered with the routing decision, once the body is complete
         replies = self._deps.replies
         return replies.request_headers_strip if client_hint else replies.request_headers
 
     def _route_bodyless(self) -> bytes:
         pool, pods = self._pool_and_pods()
         endpoint = endpoint_of(self._deps.rng.choice(pods), pool)
-        self._decided = True
+        self._decided = self._duplex_body_ended = True
         return responses.route(self._deps.destination, endpoint, phase="request_headers")
 
-    async def _request_body(self, msg: pb.HttpBody) -> bytes:
+    async def _request_body(self, msg: pb.HttpBody) -> Reply:
         if self._decided:
             # Already decided (a trailing chunk after a BUFFERED body, a body after end_of_stream on
             # the headers): let it through unchanged. One stream, one destination.
-            return self._deps.replies.request_body
+            if not self._duplex:
+                return self._deps.replies.request_body
+            if self._duplex_body_ended:
+                return None  # nothing may follow the body's end: dropped, not forwarded
+            self._duplex_body_ended = msg.end_of_stream
+            return responses.streamed_body(msg.body, msg.end_of_stream)
         self._body_size += len(msg.body)
         limit = self._deps.max_body_bytes
         if self._body_size > limit:
             self._body_chunks = []
             raise PayloadTooLarge(f"request body larger than the endpoint picker's limit of {limit} bytes")
-        complete = (
-            msg.end_of_stream
-            or self._buffered_mode
-            or (self._declared_length is not None and self._body_size >= self._declared_length)
-        )
+        if self._duplex:
+            # Envoy streams and the body comes back in the reply: only its end completes it.
+            complete = msg.end_of_stream
+        else:
+            complete = (
+                msg.end_of_stream
+                or self._buffered_mode
+                or (self._declared_length is not None and self._body_size >= self._declared_length)
+            )
         if not complete:
             self._body_chunks.append(msg.body)
-            return self._deps.replies.request_body_held
+            return None if self._duplex else self._deps.replies.request_body_held
         split = bool(self._body_chunks)
         if split:
             self._body_chunks.append(msg.body)
@@ -269,16 +297,22 @@ class ExtProcStream:
             raw = msg.body
         return await self._route(raw, split)
 
-    def _request_trailers(self) -> bytes:
-        if not self._decided:
-            # A TrailersResponse cannot carry the body held back so far: refuse rather than hang.
-            raise BadRequest(
-                "request trailers arrived before the request body ended; the endpoint picker routes on "
-                "the whole body (send a Content-Length, or configure Envoy's request_body_mode BUFFERED)"
-            )
-        return self._deps.replies.request_trailers
+    async def _request_trailers(self) -> Reply:
+        trailers = self._deps.replies.request_trailers
+        if self._decided:
+            return trailers
+        if self._duplex:
+            # The trailers end the body: route on what came, send it back, then the trailers.
+            raw, self._body_chunks = b"".join(self._body_chunks), []
+            routed = await self._route(raw, True, body_ends_stream=False)
+            return (*routed, trailers) if isinstance(routed, tuple) else routed
+        # A TrailersResponse cannot carry the body held back so far: refuse rather than hang.
+        raise BadRequest(
+            "request trailers arrived before the request body ended; the endpoint picker routes on "
+            "the whole body (send a Content-Length, or configure Envoy's request_body_mode BUFFERED)"
+        )
 
-    async def _route(self, raw: bytes, split: bool) -> bytes:
+    async def _route(self, raw: bytes, split: bool, *, body_ends_stream: bool = True) -> Reply:
         deps = self._deps
         pool = deps.datastore.pool_get()
         if pool is None:
@@ -299,7 +333,19 @@ class ExtProcStream:
         picked = deps.scheduler.schedule(request, pods)
         self._in_flight = deps.accounting.routed(picked, target, prefix)
         endpoint = endpoint_of(picked, pool)
-        if target != scanned.model:
+        if self._duplex:
+            body = raw if target == scanned.model else with_model(raw, scanned, target)
+            if len(body) > deps.max_body_bytes:
+                raise PayloadTooLarge(
+                    f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
+                    f"once its model is rewritten to {target}"
+                )
+            headers = responses.route(
+                deps.destination, endpoint, phase="request_headers", content_length=len(body)
+            )
+            reply: Reply = (headers, *responses.streamed_body(body, body_ends_stream))
+            self._duplex_body_ended = body_ends_stream
+        elif target != scanned.model:
             body = with_model(raw, scanned, target)
             if len(body) > deps.max_body_bytes:
                 # Envoy's buffer has the same limit and would refuse the longer body anyway.

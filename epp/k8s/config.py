@@ -25,6 +25,9 @@ from epp.k8s.errors import KubeConfigError, KubeConnectionError
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Where the in-cluster token, CA and namespace are when not at SERVICE_ACCOUNT_DIR: a node that runs
+# the EPP without a container filesystem (the harness's node agent) writes them elsewhere.
+SERVICE_ACCOUNT_DIR_ENV = "EPP_SERVICE_ACCOUNT_DIR"
 DEFAULT_KUBECONFIG = Path(".kube") / "config"
 
 
@@ -111,8 +114,14 @@ def load_config(kubeconfig: str, env: Mapping[str, str], home: Path | None = Non
     raise KubeConfigError("no kubeconfig given, $KUBECONFIG unset, not in a cluster, no ~/.kube/config")
 
 
-def load_incluster_config(env: Mapping[str, str], sa_dir: Path = SERVICE_ACCOUNT_DIR) -> KubeConfig:
-    """The pod's service account: token and CA from `sa_dir`, address from KUBERNETES_SERVICE_*."""
+def load_incluster_config(env: Mapping[str, str], sa_dir: Path | None = None) -> KubeConfig:
+    """The pod's service account: token and CA from `sa_dir`, address from KUBERNETES_SERVICE_*.
+
+    `sa_dir` defaults to $EPP_SERVICE_ACCOUNT_DIR, else the path every kubelet mounts. The token file
+    is re-read whenever it changes (`TokenFile`): bound tokens expire and the kubelet rotates them.
+    """
+    if sa_dir is None:
+        sa_dir = Path(env.get(SERVICE_ACCOUNT_DIR_ENV) or SERVICE_ACCOUNT_DIR)
     host = env.get("KUBERNETES_SERVICE_HOST", "")
     port = env.get("KUBERNETES_SERVICE_PORT", "")
     if not host or not port:

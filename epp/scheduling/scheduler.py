@@ -50,7 +50,11 @@ DROP_MESSAGE = "dropping request due to limited backend resources"
 NO_FRESH_METRICS_MESSAGE = "dropping request: no pod has fresh metrics (older than {threshold:g}s)"
 
 
-class Scheduler:
+class FreshPodsScheduler:
+    """What both schedulers share (module docstring): no pod is 503; only fresh pods are weighed;
+    with none fresh, a Critical request gets a uniform draw over all pods and the rest are shed.
+    Subclasses pick among the fresh pods in `_pick`."""
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -63,7 +67,6 @@ class Scheduler:
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self._pool_name = pool_name
-        self._tree = build_tree(config, self._rng)
 
     def schedule(self, request: LLMRequest, pods: Sequence[PodMetrics]) -> PodMetrics:
         """One pod for `request`; raises NoEndpoints (503) or ResourceExhausted (429)."""
@@ -78,6 +81,27 @@ class Scheduler:
             if request.critical:
                 return self._rng.choice(pods)
             raise ResourceExhausted(NO_FRESH_METRICS_MESSAGE.format(threshold=threshold))
+        return self._pick(request, fresh)
+
+    def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
+        raise NotImplementedError
+
+
+class Scheduler(FreshPodsScheduler):
+    """The v0.3.0 filter tree over the fresh pods, then a uniform draw among the survivors."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        pool_name: str = "",
+    ) -> None:
+        super().__init__(config, rng, clock, pool_name=pool_name)
+        self._tree = build_tree(config, self._rng)
+
+    def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
         survivors = self._tree.run(request, fresh)
         if not survivors:
             # Unreachable with the v0.3.0 tree (only the drop node ends empty, and it raises).

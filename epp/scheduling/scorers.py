@@ -27,15 +27,13 @@ Critical requests go to a uniform draw and the rest are shed.
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable, Sequence
 
 from epp.config import DEFAULT_QUEUEING_THRESHOLD_LORA, SchedulerConfig, ScorerWeights
 from epp.datastore.types import PodMetrics
-from epp.errors import NoEndpoints, ResourceExhausted
+from epp.errors import ResourceExhausted
 from epp.scheduling.filters import LLMRequest
-from epp.scheduling.scheduler import DROP_MESSAGE, NO_FRESH_METRICS_MESSAGE
+from epp.scheduling.scheduler import DROP_MESSAGE, FreshPodsScheduler
 
 Scores = list[float]
 
@@ -126,34 +124,11 @@ def total_scores(request: LLMRequest, pods: Sequence[PodMetrics], config: Schedu
     return totals
 
 
-class ScorerScheduler:
+class ScorerScheduler(FreshPodsScheduler):
     """Same interface as `Scheduler`: `schedule(request, pods)` -> a pod, or NoEndpoints/ResourceExhausted."""
 
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        pool_name: str = "",
-    ) -> None:
-        self._config = config
-        self._rng = rng if rng is not None else random.Random()
-        self._clock = clock
-        self._pool_name = pool_name
-
-    def schedule(self, request: LLMRequest, pods: Sequence[PodMetrics]) -> PodMetrics:
-        if not pods:
-            where = f" in pool {self._pool_name}" if self._pool_name else ""
-            raise NoEndpoints(f"no ready endpoints{where}")
+    def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
         config = self._config
-        threshold = config.metrics_staleness_threshold
-        now = self._clock()
-        fresh = [p for p in pods if (u := p.metrics.updated_at) is not None and now - u <= threshold]
-        if not fresh:
-            if request.critical:
-                return self._rng.choice(pods)
-            raise ResourceExhausted(NO_FRESH_METRICS_MESSAGE.format(threshold=threshold))
         if not request.critical and not any(
             p.metrics.waiting_queue_size <= config.queue_threshold_critical
             and p.metrics.kv_cache_usage <= config.kv_cache_threshold

@@ -11,6 +11,7 @@ another address, e.g. loopback behind an authenticating proxy.
 `--watchBookmarkInterval` (the watch liveness rule, DESIGN.md §6), `--shutdownDelay` and
 `--shutdownGracePeriod` (the drain on SIGTERM, DESIGN.md §4).
 `--extProcTransport` is ours: `h2` (our HTTP/2 server, `epp.h2`) or `grpcio` (grpc.aio, the fallback).
+`--eventLoop` is ours: `auto` (uvloop when installed), `uvloop` or `asyncio` (`epp.server.event_loop`).
 `--refreshPrometheusMetricsInterval` is accepted for compatibility but has nothing to drive: pool
 gauges are computed at scrape time (epp.metrics.pool).
 
@@ -308,6 +309,12 @@ def _parser() -> _Parser:
         default=defaults.DEFAULT_EXT_PROC_TRANSPORT,
         help="How the ext_proc port serves gRPC: h2 (ours, on asyncio) or grpcio (grpc.aio); not upstream.",
     )
+    p.add_argument(
+        "--eventLoop",
+        choices=defaults.EVENT_LOOPS,
+        default=defaults.AUTO_EVENT_LOOP,
+        help="The event loop: auto (uvloop if installed, else asyncio's), uvloop or asyncio; not upstream.",
+    )
     # controller-runtime's zap flags, as upstream's manifests pass them (see the module docstring).
     p.add_argument(
         "--zap-log-level", dest="zap_log_level", type=_typed(_zap_level, "zap level"), default=None
@@ -447,6 +454,7 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
         kubeconfig=ns.kubeconfig,
         max_request_body_bytes=ns.maxRequestBodyBytes,
         ext_proc_transport=ns.extProcTransport,
+        event_loop=ns.eventLoop,
         scheduler=scheduler_config(environ, ns.metricsStalenessThreshold, ns.scheduler),
         prober=ProberConfig(refresh_interval=ns.refreshMetricsInterval, metric_names=names),
         watch=WatchConfig(bookmark_interval=ns.watchBookmarkInterval),

@@ -401,6 +401,7 @@ class Epp:
         server = GrpcServer(limits=limits, ssl_context=None if pair is None else ssl_context(pair))
         servicer.add_to_h2_server(server)
         self._ports["grpc"] = await server.start(config.bind_address, config.grpc_port)
+        self._ext_proc_server = server  # what the drain stops gracefully
         grace = self._grace
         self._supervisor.on_stop("grpc-ext-proc", lambda: server.stop(grace))
         self._supervisor.spawn("grpc-ext-proc", _serving())

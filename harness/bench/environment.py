@@ -25,6 +25,7 @@ from harness.controlplane import ClusterAccess
 from harness.eventually import eventually
 from harness.forged import ForgedKubelet
 from harness.kube import Kube
+from harness.lifecycle import StartStop
 from harness.sim import ModelServerSim, SimConfig, SimThread
 from harness.sim._engine import Counters
 
@@ -39,7 +40,7 @@ class PoolSpec:
     pool_name: str = "bench-pool"
 
 
-class BenchPool:
+class BenchPool(StartStop):
     """Start: API objects, simulators, pods. ``stop()`` undoes what was started (idempotent)."""
 
     def __init__(self, access: ClusterAccess, namespace: str, spec: PoolSpec, workload: WorkloadSpec) -> None:
@@ -95,13 +96,6 @@ class BenchPool:
             if self._api is not None:
                 self._api.close()  # type: ignore[no-untyped-call]
                 self._api = None
-
-    def __enter__(self) -> BenchPool:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def view(self) -> PoolView:

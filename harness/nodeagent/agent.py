@@ -34,7 +34,8 @@ from epp.k8s.config import load_kubeconfig
 from epp.k8s.informer import DELETED, Informer, InformerEvent
 from harness.addresses import AddressPool
 from harness.nodeagent.api import PodApi
-from harness.nodeagent.images import DEFAULT_IMAGES, ImageMap
+from harness.nodeagent.epp_image import AGENT_IMAGES
+from harness.nodeagent.images import ImageMap
 from harness.nodeagent.pod import AgentContext, BackoffPolicy, PodWorker
 from harness.nodeagent.probes import Prober
 from harness.nodeagent.runtime import Launcher, LauncherGone
@@ -57,7 +58,7 @@ class AgentSettings:
     host_ip: str = "127.0.0.1"
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     events: bool = True
-    images: ImageMap = DEFAULT_IMAGES
+    images: ImageMap = AGENT_IMAGES  # the defaults and the EPP's own image
 
 
 class NodeAgent:

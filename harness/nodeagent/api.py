@@ -62,6 +62,25 @@ class PodApi:
                 "preconditions": {"uid": uid}}  # fmt: skip
         await self._send("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body, uid=uid)
 
+    async def request_token(
+        self, namespace: str, service_account: str, pod: Mapping[str, Any], expiration_seconds: int
+    ) -> JsonObject:
+        """A TokenRequest as a kubelet makes it for a projected token: bound to the pod (invalid once
+        the pod is deleted), the API server's default audience. Returns the TokenRequest's status."""
+        meta = pod.get("metadata") or {}
+        bound = {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "uid": meta.get("uid")}
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_seconds, "boundObjectRef": bound},
+        }
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
+        answer = await self._send("POST", path, body)
+        return dict(answer.get("status") or {})
+
+    async def get_configmap(self, namespace: str, name: str) -> JsonObject:
+        return await self._send("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}", None)
+
     async def event(
         self, pod: Mapping[str, Any], node: str, kind: str, reason: str, message: str, field_path: str = ""
     ) -> None:
@@ -97,7 +116,7 @@ class PodApi:
         self,
         method: str,
         path: str,
-        body: JsonObject,
+        body: JsonObject | None,
         *,
         content_type: str = "application/json",
         uid: str | None = None,
@@ -115,7 +134,7 @@ class PodApi:
         for attempt in range(retries):
             try:
                 async with self._session_get().request(
-                    method, url, data=json.dumps(body), headers=headers,
+                    method, url, data=None if body is None else json.dumps(body), headers=headers,
                     timeout=aiohttp.ClientTimeout(total=_TIMEOUT), **extra,
                 ) as response:  # fmt: skip
                     raw = await response.read()

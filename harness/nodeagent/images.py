@@ -24,11 +24,12 @@ address its servers bind: the pod network is loopback addresses), ``HOSTNAME`` (
 Adding an image (the door issue 10 uses for the EPP itself): write a ``Runtime`` and put an
 ``ImageRule`` in front of the defaults, ``DEFAULT_IMAGES.with_rule(ImageRule(...))``. ``prepare`` gets
 the container spec and a ``LaunchContext`` (the pod, its address, a private working directory, the API
-server's address, and the agent's API client for calls such as a TokenRequest) and returns what to
-run. For ``*/inference-epp:*`` that is an ``Executable`` of the Containerfile's ENTRYPOINT (``epp``,
-read by ``harness.containerfile``) with the container's args, after writing a projected
-ServiceAccount token, the CA and the namespace into the working directory and pointing the EPP's
-in-cluster configuration at them. Python programs that can be imported ahead of time should be a
+server's address, the agent's API client for calls such as a TokenRequest, and ``run_alongside`` for
+work that lasts as long as the pod) and returns what to run. ``harness.nodeagent.epp_image`` is the
+EPP's: an ``Executable`` of the Containerfile's ENTRYPOINT with the container's args, after writing
+the pod's projected ServiceAccount token, CA and namespace (renewed before expiry) and pointing the
+EPP's in-cluster configuration at them; the agent runs ``epp_image.AGENT_IMAGES``. Python programs
+that can be imported ahead of time should be a
 ``PythonEntry`` instead, listed in ``preload``: the zygote then forks them in milliseconds.
 """
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -82,6 +83,9 @@ class LaunchContext:
     api_server_host: str
     api_server_port: str
     api: Any = None  # the agent's async API client (harness.nodeagent.api.PodApi), for runtimes that call it
+    # Runs a coroutine for as long as the pod runs (cancelled when the pod's worker ends), e.g. a
+    # projected token's renewal; None where nothing owns such work (then the runtime must not need it).
+    run_alongside: Callable[[Coroutine[Any, Any, None], str], None] | None = None
 
 
 class ContainerConfigError(ValueError):

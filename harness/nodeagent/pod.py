@@ -33,7 +33,7 @@ import re
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,7 +44,15 @@ import aiohttp
 from harness.nodeagent import probes
 from harness.nodeagent.api import ApiFailed, PodApi, PodGone
 from harness.nodeagent.images import ContainerConfigError, ImageMap, LaunchContext, image_id
-from harness.nodeagent.runtime import Command, ExitStatus, Launcher, LauncherGone, Process, StartFailed
+from harness.nodeagent.runtime import (
+    Command,
+    Executable,
+    ExitStatus,
+    Launcher,
+    LauncherGone,
+    Process,
+    StartFailed,
+)
 from harness.nodeagent.status import Conditions, ContainerStatus, pod_status
 
 log = logging.getLogger(__name__)
@@ -131,6 +139,7 @@ class PodWorker:
         self._status_lock = asyncio.Lock()
         self._written: JsonObject | None = None
         self._task: asyncio.Task[None] | None = None
+        self._alongside: list[asyncio.Task[None]] = []  # e.g. token renewals; cancelled at the end
         self.observe(pod)
 
     @property
@@ -155,6 +164,10 @@ class PodWorker:
         self._gone.set()
         self._deleting.set()
 
+    def run_alongside(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` until this pod's worker ends (what a kubelet does per pod: token renewal)."""
+        self._alongside.append(self.ctx.spawn(work, f"{name} {self.key}"))
+
     async def wait(self) -> None:
         if self._task is not None:
             await asyncio.shield(self._task)
@@ -173,6 +186,9 @@ class PodWorker:
             try:
                 await asyncio.shield(self._stop_everything())
             finally:
+                for task in self._alongside:
+                    task.cancel()
+                await asyncio.gather(*self._alongside, return_exceptions=True)
                 if self.ip is not None and not self.host_network:
                     self.ctx.release_ip(self.ip)
                 self.ctx.forget(self)
@@ -259,6 +275,7 @@ class PodWorker:
             "uid": self.uid,
             "node": self.node,
             "ip": self.ip,
+            "workdir": str(self.workdir),  # its containers' logs and projected files
             "deleting": self._deleting.is_set(),
             "containers": [c.describe() for c in self.containers],
         }
@@ -315,6 +332,8 @@ class ContainerWorker:
         try:
             command = await runtime.prepare(self.spec, self._launch_context())
             env = container_env(self.spec, self.pod)
+            if isinstance(command, Executable) and command.env:
+                env = {**dict(command.env), **env}
             command = expand_command(command, env)
             annotations = (self.pod.pod.get("metadata") or {}).get("annotations") or {}
             readiness = probes.parse(self.spec.get("readinessProbe"), self.spec, annotations)
@@ -567,6 +586,7 @@ class ContainerWorker:
             api_server_host=ctx.api_server[0],
             api_server_port=ctx.api_server[1],
             api=ctx.api,
+            run_alongside=self.pod.run_alongside,
         )
 
 

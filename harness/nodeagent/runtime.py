@@ -66,9 +66,11 @@ class PythonEntry:
 
 @dataclass(frozen=True)
 class Executable:
-    """Fork and exec ``argv[0]`` (an absolute path)."""
+    """Fork and exec ``argv[0]`` (an absolute path); ``env`` is the image's own environment (its ENV
+    lines), under the container's: the pod spec's ``env`` wins, as in a container runtime."""
 
     argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
 
 
 Command = PythonEntry | Executable

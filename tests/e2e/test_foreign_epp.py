@@ -50,8 +50,9 @@ def test_an_epp_command_line_routes_behind_envoy(stack_factory: StackFactory, wh
     ) as epp:
         epp.wait_serving()
         assert epp.health() == "SERVING"
+        envoy_options = EnvoyOptions(request_body_mode=command.envoy_request_body_mode)
         with (
-            Envoy(epp.ext_proc_address, options=EnvoyOptions(), ext_proc_tls=epp.ext_proc_tls) as envoy,
+            Envoy(epp.ext_proc_address, options=envoy_options, ext_proc_tls=epp.ext_proc_tls) as envoy,
             httpx2.Client(base_url=f"{envoy.base_url}/v1", timeout=60) as http,
         ):
             served = set()

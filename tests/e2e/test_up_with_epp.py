@@ -151,3 +151,19 @@ def test_up_with_epp_for_a_pool_serves_what_kubectl_applies() -> None:
         assert model in {"food-review-1", "food-review-2"}
         output = up.stop()
     assert processes_with_marker(marker) == [], output
+
+
+def test_up_deploy_installs_the_chart_and_serves_through_the_epp_pods() -> None:
+    """``harness up --deploy``: the chart installed with helm, its EPP pods behind the printed Envoy."""
+    with harness_up("--deploy", "--replicas", "1") as (up, marker):
+        assert "vllm-llama3-8b-instruct" in up.field("chart:")
+        assert up.field("EPP pods:").startswith("vllm-llama3-8b-instruct-epp-")
+        base_url = up.field(BASE_URL_PREFIX).split()[0]
+        with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as client:
+            completion = eventually(
+                lambda: client.completions.create(model="food-review", prompt="Review: ok.", max_tokens=2),
+                timeout=90, retry_on=(openai.NotFoundError, openai.InternalServerError), message="served",
+            )  # fmt: skip
+        assert completion.model in {"food-review-1", "food-review-2"}
+        output = up.stop()
+    assert processes_with_marker(marker) == [], output

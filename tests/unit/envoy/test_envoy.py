@@ -1,8 +1,10 @@
 """A real Envoy with the generated bootstrap, two simulators and a tiny fake ext_proc service (no EPP).
 
 The fake answers every request body with dynamic metadata ``envoy.lb`` →
-``x-gateway-destination-endpoint: <the second simulator>``, as the EPP does. Envoy's start and stop
-block the event loop briefly; nothing on the loop needs to run meanwhile.
+``x-gateway-destination-endpoint: <the second simulator>``, as the EPP does, in the mode Envoy says
+it uses: BUFFERED (a reply per message) or FULL_DUPLEX_STREAMED (nothing until the body has ended,
+then the headers reply with the destination and the body handed back). Envoy's start and stop block
+the event loop briefly; nothing on the loop needs to run meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
@@ -41,6 +44,8 @@ from harness.sim import SERVED_BY_HEADER, ModelServerSim, SimConfig
 pytestmark = pytest.mark.anyio
 
 SIM_CONFIG = SimConfig(model="base", time_scale=0.001)
+FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+MODES = ["FULL_DUPLEX_STREAMED", "BUFFERED"]
 TWO_MIB = 2 * 1024 * 1024
 GRPC_MAX_MESSAGE = 32 * 1024 * 1024  # the EPP raises grpcio's 4 MiB default the same way
 
@@ -51,26 +56,47 @@ class FakePicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self) -> None:
         self.destination = ""  # host:port, set once the target simulator listens
         self.streams = 0
-        self.request_body_sizes: list[int] = []
+        self.request_body_sizes: list[int] = []  # one per request: the whole body
         self.response_body_chunks = 0
 
     async def Process(
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
         self.streams += 1
+        duplex = False
+        body = b""
         async for request in requests:
+            if request.HasField("protocol_config"):
+                duplex = request.protocol_config.request_body_mode == FULL_DUPLEX
             kind = request.WhichOneof("request")
-            if kind == "request_headers":
+            metadata = struct_pb2.Struct()
+            metadata.update({"envoy.lb": {DESTINATION_HEADER: self.destination}})
+            if kind == "request_headers" and not duplex:
                 yield pb.ProcessingResponse(request_headers=pb.HeadersResponse())
-            elif kind == "request_body":
+            elif kind == "request_body" and not duplex:
                 self.request_body_sizes.append(len(request.request_body.body))
-                metadata = struct_pb2.Struct()
-                metadata.update({"envoy.lb": {DESTINATION_HEADER: self.destination}})
                 yield pb.ProcessingResponse(request_body=pb.BodyResponse(), dynamic_metadata=metadata)
+            elif kind == "request_body":
+                body += request.request_body.body
+                if request.request_body.end_of_stream:
+                    self.request_body_sizes.append(len(body))
+                    yield pb.ProcessingResponse(
+                        request_headers=pb.HeadersResponse(), dynamic_metadata=metadata
+                    )
+                    for start in range(0, len(body), 65536):
+                        chunk = pb.StreamedBodyResponse(
+                            body=body[start : start + 65536], end_of_stream=start + 65536 >= len(body)
+                        )
+                        mutation = pb.BodyMutation(streamed_response=chunk)
+                        yield pb.ProcessingResponse(
+                            request_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+                        )
             elif kind == "response_body":
                 self.response_body_chunks += 1
                 yield pb.ProcessingResponse(response_body=pb.BodyResponse())
-            else:
+            elif kind == "response_trailers":
+                yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+            elif kind != "request_headers":
                 raise AssertionError(f"unexpected ext_proc message {kind}")
 
 
@@ -130,15 +156,16 @@ async def complete(
         return response.status, response.headers.get(SERVED_BY_HEADER), text
 
 
+@pytest.mark.parametrize("request_mode", MODES)
 @pytest.mark.parametrize("mode", ["NONE", "STREAMED"])
-def test_envoy_accepts_the_bootstrap(tmp_path: Path, mode: str) -> None:
+def test_envoy_accepts_the_bootstrap(tmp_path: Path, mode: str, request_mode: str) -> None:
     bootstrap = build_bootstrap(
         listener_port=18080,
         admin_port=19901,
         ext_proc_host="127.0.0.1",
         ext_proc_port=9002,
         access_log_path=tmp_path / "access.log",
-        options=EnvoyOptions(response_body_mode=mode),  # type: ignore[arg-type]
+        options=EnvoyOptions(response_body_mode=mode, request_body_mode=request_mode),  # type: ignore[arg-type]
         ext_proc_tls=ExtProcTls(ca_pem=TinyCA().cert_pem, server_name=PICKER_NAME),
     )
     config = tmp_path / "bootstrap.json"
@@ -164,11 +191,15 @@ def test_envoy_accepts_the_bootstrap(tmp_path: Path, mode: str) -> None:
     assert validation["matchTypedSubjectAltNames"] == [{"sanType": "DNS", "matcher": {"exact": PICKER_NAME}}]
 
 
-async def test_routes_by_metadata_and_ignores_a_client_destination_header(pool: AddressPool) -> None:
+@pytest.mark.parametrize("request_mode", MODES)
+async def test_routes_by_metadata_and_ignores_a_client_destination_header(
+    pool: AddressPool, request_mode: str
+) -> None:
     picker = FakePicker()
     async with two_sims(pool) as (decoy, target), fake_ext_proc(picker) as (ext_proc, trust):
         picker.destination = target.address
-        with Envoy(ext_proc, ext_proc_tls=trust) as envoy:
+        options = EnvoyOptions(request_body_mode=request_mode)  # type: ignore[arg-type]
+        with Envoy(ext_proc, options=options, ext_proc_tls=trust) as envoy:
             async with aiohttp.ClientSession() as http:
                 steer = {DESTINATION_HEADER: decoy.address}
                 status, served_by, _ = await complete(http, envoy, headers=steer)

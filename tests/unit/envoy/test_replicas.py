@@ -92,3 +92,34 @@ def test_without_replica_options_nothing_changes(tmp_path: Path) -> None:
     assert "healthChecks" not in cluster
     assert "circuitBreakers" not in cluster
     assert "retryPolicy" not in json.dumps(cluster["_filter"])
+
+
+def test_dynamic_endpoints_come_from_a_watched_file_and_tls_may_be_unverified(tmp_path: Path) -> None:
+    """What `harness.chart_install` uses: file-based EDS (rewritten as EPP pods come and go) and TLS
+    that trusts each replica's self-signed certificate, both accepted by Envoy's own validation."""
+    from harness.certs import UNVERIFIED_EXT_PROC_TLS
+    from harness.envoy import ext_proc_endpoints_json
+
+    eds = tmp_path / "eds" / "ext_proc_endpoints.json"
+    eds.parent.mkdir()
+    eds.write_text(ext_proc_endpoints_json(REPLICAS, 1))
+    options = EnvoyOptions(ext_proc_health_check=ExtProcHealthCheck(), ext_proc_dynamic_endpoints=True)
+    bootstrap = build_bootstrap(
+        listener_port=18080, admin_port=19901, ext_proc_host="127.0.0.1", ext_proc_port=1,
+        access_log_path=tmp_path / "access.log", options=options, ext_proc_tls=UNVERIFIED_EXT_PROC_TLS,
+        ext_proc_replicas=REPLICAS, ext_proc_endpoints_path=eds,
+    )  # fmt: skip
+    config = tmp_path / "bootstrap.json"
+    config.write_text(bootstrap_json(bootstrap))
+    with reserve_port() as base_id:
+        result = subprocess.run(
+            [str(envoy_path()), "--mode", "validate", "-c", str(config), "--base-id", str(base_id.port)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    cluster = json.loads(config.read_text())["staticResources"]["clusters"][0]
+    assert cluster["type"] == "EDS"
+    assert cluster["edsClusterConfig"]["edsConfig"]["pathConfigSource"]["path"] == str(eds)
+    assert "validationContext" not in json.dumps(cluster["transportSocket"])
+    endpoints = json.loads(eds.read_text())["resources"][0]["endpoints"][0]["lbEndpoints"]
+    assert [e["endpoint"]["healthCheckConfig"]["portValue"] for e in endpoints] == [9003, 9003]

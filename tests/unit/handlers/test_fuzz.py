@@ -118,9 +118,20 @@ class LiveServicer:
         self._loop.run_until_complete(self._grpc["channel"].close())
         self._loop.run_until_complete(self._grpc["server"].stop(None))
         self._loop.run_until_complete(self._servicer.aclose())
+        # grpc.aio's client can leave a call's status task waiting for good when its core failed the
+        # messages it still had to send after the server ended the stream (full duplex cases, where
+        # every message is sent up front): the client's own tasks, ended with everything else.
+        self._loop.run_until_complete(_cancel_leftover_tasks())
         self._loop.close()
         self._grpc.clear()
         gc.collect()
+
+
+async def _cancel_leftover_tasks() -> None:
+    leftovers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in leftovers:
+        task.cancel()
+    await asyncio.gather(*leftovers, return_exceptions=True)
 
 
 @pytest.mark.parametrize("transport", [H2_TRANSPORT, GRPCIO_TRANSPORT])

@@ -419,3 +419,38 @@ def test_harness_build_builds_the_upstream_epp_only_when_asked(
     assert go_binaries.main(["--upstream-epp", "v0.3.0"]) == 0
     assert ensured[-1] == "upstream-epp@0.3.0"
     assert "upstream-epp             v0.3.0" in capsys.readouterr().out
+
+
+def test_helm_is_stamped_as_its_makefile_does() -> None:
+    go_mod = "module helm.sh/helm/v3\n\ngo 1.24.0\n\nrequire (\n\tk8s.io/client-go v0.34.0\n)\n"
+    context = dataclasses.replace(_context(commit="abc123"), version="3.19.0", upstream_go_mod=go_mod)
+    flags = go_binaries.helm_ldflags(context)
+    assert "-X helm.sh/helm/v3/internal/version.version=v3.19.0" in flags
+    assert "-X helm.sh/helm/v3/internal/version.gitCommit=abc123" in flags
+    for package in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        assert f"-X {package}.k8sVersionMajor=1" in flags
+        assert f"-X {package}.k8sVersionMinor=34" in flags
+    helm = go_binaries.HELM.binary("helm")
+    assert (helm.env_var, helm.version_args, helm.version_output) == (
+        "TEST_ASSET_HELM",
+        ("version", "--short"),
+        "v3.19.0",
+    )
+
+
+def test_harness_build_builds_helm_only_when_asked(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ensured: list[str] = []
+
+    def fake_ensure(build: GoBuild, progress: object = None) -> dict[str, Resolved]:
+        ensured.append(f"{build.name}@{build.version}")
+        return {b.name: Resolved(gobuild.cached_path(build, b), "cache") for b in build.binaries}
+
+    monkeypatch.setattr(gobuild, "ensure", fake_ensure)
+    assert go_binaries.main([]) == 0
+    assert "helm@3.19.0" not in ensured
+    ensured.clear()
+    assert go_binaries.main(["--helm"]) == 0
+    assert ensured[-1] == "helm@3.19.0"
+    assert "helm                     v3.19.0" in capsys.readouterr().out

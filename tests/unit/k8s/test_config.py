@@ -149,6 +149,21 @@ def test_in_cluster(
     assert config.authorization() == "Bearer sa-token"
 
 
+def test_in_cluster_reads_the_service_account_dir_override_and_follows_a_rotated_token(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair]
+) -> None:
+    """The harness's node agent writes the pod's token elsewhere and rotates it by atomic rename."""
+    sa = service_account(tmp_path, pki[0])
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443",
+           "EPP_SERVICE_ACCOUNT_DIR": str(sa)}  # fmt: skip
+    config = load_config("", env, home=tmp_path / "nobody")
+    assert config.namespace == "epp-system"
+    assert config.authorization() == "Bearer sa-token"
+    (sa / "token.new").write_text("rotated-token")
+    (sa / "token.new").replace(sa / "token")
+    assert config.authorization() == "Bearer rotated-token"
+
+
 def test_in_cluster_outside_a_cluster_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(KubeConfigError):
         load_incluster_config({}, sa_dir=tmp_path)

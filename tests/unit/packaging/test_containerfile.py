@@ -93,3 +93,13 @@ def test_parser_reads_the_final_stage(
 def test_parser_rejects_what_it_does_not_understand(text: str) -> None:
     with pytest.raises(containerfile.ContainerfileError):
         containerfile.image_layout(containerfile.parse(text))
+
+
+def test_the_final_stages_env_is_read_in_order() -> None:
+    text = 'FROM a AS b\nENV X=build\nFROM c\nENV A=1 B="two"\nENV C 3 4\nENTRYPOINT ["e"]\n'
+    layout = containerfile.image_layout(containerfile.parse(text))
+    assert layout.env == (("A", "1"), ("B", "two"), ("C", "3 4"))
+
+
+def test_the_repository_containerfile_is_the_one_the_node_agent_runs() -> None:
+    assert containerfile.repository_containerfile() == ROOT / containerfile.CONTAINERFILE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from epp.__main__ import main
+from epp.server.event_loop import EventLoopUnavailable, loop_factory
 from harness.eventually import eventually
 
 
@@ -37,8 +39,11 @@ users: [{name: u, user: {token: t}}]
 """
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
-def test_signal_stops_the_process_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+def test_signal_stops_the_process_cleanly(tmp_path: Path, sig: signal.Signals, loop: str) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop is not installed (the EPP then runs on asyncio's loop)")
     # The API server is unreachable: the watches keep retrying, which is what a live EPP does anyway.
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(KUBECONFIG)
@@ -46,6 +51,7 @@ def test_signal_stops_the_process_cleanly(tmp_path: Path, sig: signal.Signals) -
     argv = [
         sys.executable, "-m", "epp", "-poolName", "pool", "-bindAddress", "127.0.0.1", "-grpcPort", "0",
         "-grpcHealthPort", "0", "-metricsPort", "0", "-kubeconfig", str(kubeconfig), "-v", "4",
+        f"--eventLoop={loop}",
     ]  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
@@ -63,8 +69,28 @@ def test_signal_stops_the_process_cleanly(tmp_path: Path, sig: signal.Signals) -
                 proc.kill()
                 proc.wait()
     text = log.read_text()
+    assert f"event loop: {loop}." in text
     assert "endpoint picker stopped" in text
     assert "Traceback" not in text
+
+
+def test_loop_choice() -> None:
+    assert loop_factory("asyncio") is None
+    if importlib.util.find_spec("uvloop") is not None:
+        factory = loop_factory("auto")
+        assert factory is not None
+        loop = factory()
+        try:
+            assert type(loop).__module__.startswith("uvloop")
+        finally:
+            loop.close()
+
+
+def test_uvloop_asked_for_but_missing_is_a_readable_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    assert loop_factory("auto") is None
+    with pytest.raises(EventLoopUnavailable, match="uvloop is not installed"):
+        loop_factory("uvloop")
 
 
 def test_upstream_logging_flags_run_and_log_json(tmp_path: Path) -> None:

@@ -1,0 +1,67 @@
+"""The chart's CI checks: ``helm lint --strict``, and every rendered object accepted by a real API server.
+
+``helm template ... | kubectl apply --dry-run=server -f -`` sends each object through the harness's
+kube-apiserver (admission, OpenAPI validation, the CRDs' own schemas and CEL rules for the
+InferencePool) without persisting it. The chart is rendered with ``deploy/chart/ci/lint-values.yaml``
+(two replicas, a TLS Secret, a flag and a scheduler threshold) and with the defaults. The last case
+proves the dry run is not a formality: a value the API server refuses is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.controlplane import ClusterAccess
+from harness.helm import CHART_DIR, LINT_VALUES, Helm, HelmError, rendered_kinds
+from harness.kubectl import KubectlError, kubectl
+
+CHART_KINDS = ["ServiceAccount", "Service", "Deployment", "Role", "RoleBinding", "InferencePool"]
+
+
+@pytest.fixture
+def helm(tmp_path: Path) -> Helm:
+    return Helm(tmp_path / "helm-home")
+
+
+def test_helm_lint_strict_passes(helm: Helm) -> None:
+    output = helm.lint()
+    assert "1 chart(s) linted, 0 chart(s) failed" in output
+
+
+def test_rendering_without_the_pools_selector_fails_with_a_clear_message(helm: Helm) -> None:
+    # (helm lint reports a template's `fail` as [INFO] only: rendering is where a user meets it)
+    with pytest.raises(HelmError, match="matchLabels is required"):
+        helm.template("vllm-pool", "default")
+
+
+@pytest.mark.parametrize(
+    "values", [pytest.param([LINT_VALUES], id="lint-values"), pytest.param([], id="defaults-with-selector")]
+)
+def test_every_rendered_object_passes_a_server_side_dry_run(
+    helm: Helm, control_plane: ClusterAccess, namespace: str, values: list[Path]
+) -> None:
+    sets = {} if values else {"inferencePool.modelServers.matchLabels.app": "vllm"}
+    manifest = helm.template("vllm-pool", namespace, values=values, set_values=sets)
+    assert sorted(k.split("/")[0] for k in rendered_kinds(manifest)) == sorted(CHART_KINDS)
+    output = kubectl(control_plane.kubeconfig_path, "apply", "--dry-run=server", "-f", "-", stdin=manifest)
+    accepted = [line for line in output.splitlines() if line.endswith("(server dry run)")]
+    assert len(accepted) == len(CHART_KINDS), output
+    # nothing was persisted
+    assert kubectl(control_plane.kubeconfig_path, "get", "deployments,roles", "-o", "name",
+                   namespace=namespace).strip() == ""  # fmt: skip
+
+
+def test_the_dry_run_rejects_what_the_api_server_rejects(
+    helm: Helm, control_plane: ClusterAccess, namespace: str
+) -> None:
+    manifest = helm.template("vllm-pool", namespace, values=[LINT_VALUES],
+                             set_values={"inferencePool.targetPortNumber": "70000"})  # fmt: skip
+    with pytest.raises(KubectlError, match="targetPortNumber"):
+        kubectl(control_plane.kubeconfig_path, "apply", "--dry-run=server", "-f", "-", stdin=manifest)
+
+
+def test_the_chart_is_this_checkouts(helm: Helm) -> None:
+    assert (CHART_DIR / "Chart.yaml").is_file()
+    assert "name: inferencepool" in (CHART_DIR / "Chart.yaml").read_text()
