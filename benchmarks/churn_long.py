@@ -8,9 +8,10 @@ the oracle. Prints per seed and in total: steps, checks, pods created, IP change
 models (and claims made in the same creation second), EPP restarts, mismatches, wall time. A
 mismatch is printed with hypothesis's list of the steps that led to it (not shrunk).
 
-Pods are forged by default (stand-ins, status written by the test, see `harness/churn.py`): on two
-shared cores the node agent's pods cost ~0.5 s each to start and ~1 s to delete gracefully, so 6,000
-of them would take hours; `--pod-kind agent` runs the agent's pods instead (with a FULL plane).
+Pods are forged by default (stand-ins, status written by the test, see `harness/churn.py`), whose
+check is strict (the first verdict after settling); `--pod-kind agent` runs pods the node agent runs
+instead (a FULL plane; the check polls the oracle after settling). Both cost about 0.15 s per step
+on two shared cores, ~4 minutes per 300 pods.
 
     .venv/bin/python benchmarks/churn_long.py --seeds 20 --pods 300 \
         [--pod-kind agent] [--steps 100] [--examples 10] [--refresh-interval 0.5]

@@ -20,9 +20,8 @@ Two kinds of pod, chosen per run (``PodKind``):
   simulators in this process and their status written by the test (``harness.forged``). Readiness
   is a status write, an IP change is also done in place (no kubelet does that), graceful
   termination is a deletion held by a finalizer. Every write is the test's and recorded, so the
-  check is strict: right after ``settled()`` the first verdict must be consistent, no polling. Pods
-  cost ~a millisecond of API time each, which is what makes the long profile (thousands of pods)
-  fit on two cores.
+  check is strict: right after ``settled()`` the first verdict must be consistent, no polling, and
+  no process runs per pod.
 
 The machine never touches the datastore: writes go to the API server and the simulators' admin
 ports, the datastore is read through ``/debug/datastore``.
