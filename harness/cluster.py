@@ -402,6 +402,11 @@ class Cluster:
         self._addresses.release(old_ip)
         return pod.ip
 
+    def forged_server_dies(self, name: str) -> None:
+        """The pod's model servers die (their listeners close: a connection is refused, as after a
+        crash) and no kubelet reports it — a lost node — so the pod stays Ready in the API."""
+        self._stop_forged_sims(self._forged_pod(name))
+
     def forged_hold_and_delete(self, name: str) -> None:
         """Delete while a finalizer holds the pod: deletionTimestamp set, object still there."""
         self._forged_pod(name)

@@ -419,6 +419,45 @@ def ext_proc_tls_context(tls: ExtProcTls) -> UpstreamTlsContext:
     )
 
 
+def _model_servers_route(options: EnvoyOptions) -> RouteConfiguration:
+    """Every path to the model servers' cluster, with the route timeout (LLM answers take long)."""
+    return RouteConfiguration(
+        name="model_servers_route",
+        virtual_hosts=[
+            VirtualHost(
+                name="all",
+                domains=["*"],
+                routes=[
+                    Route(
+                        match=RouteMatch(prefix="/"),
+                        route=RouteAction(
+                            cluster=MODEL_SERVERS_CLUSTER, timeout=_seconds(options.route_timeout_s)
+                        ),
+                    )
+                ],
+            )
+        ],
+    )
+
+
+def _ingress_listener(hcm: HttpConnectionManager, port: int, options: EnvoyOptions) -> Listener:
+    """The loopback listener clients send to; its buffer limit is the request body limit."""
+    return Listener(
+        name="ingress",
+        address=_socket(LOOPBACK, port),
+        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+        filter_chains=[
+            FilterChain(
+                filters=[
+                    Filter(
+                        name="envoy.filters.network.http_connection_manager", typed_config=AnyProto.pack(hcm)
+                    )
+                ]
+            )
+        ],
+    )
+
+
 def build_bootstrap(
     *,
     listener_port: int,
@@ -457,23 +496,7 @@ def build_bootstrap(
         # x-envoy-* headers (retries, timeouts) are not honoured.
         use_remote_address=True,
         early_header_mutation_extensions=[strip_client_envoy_headers()],
-        route_config=RouteConfiguration(
-            name="model_servers_route",
-            virtual_hosts=[
-                VirtualHost(
-                    name="all",
-                    domains=["*"],
-                    routes=[
-                        Route(
-                            match=RouteMatch(prefix="/"),
-                            route=RouteAction(
-                                cluster=MODEL_SERVERS_CLUSTER, timeout=_seconds(options.route_timeout_s)
-                            ),
-                        )
-                    ],
-                )
-            ],
-        ),
+        route_config=_model_servers_route(options),
         http_filters=http_filters,
         local_reply_config=gateway_error_replies(options),
         access_log=[
@@ -488,20 +511,7 @@ def build_bootstrap(
             )
         ],
     )
-    listener = Listener(
-        name="ingress",
-        address=_socket(LOOPBACK, listener_port),
-        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
-        filter_chains=[
-            FilterChain(
-                filters=[
-                    Filter(
-                        name="envoy.filters.network.http_connection_manager", typed_config=AnyProto.pack(hcm)
-                    )
-                ]
-            )
-        ],
-    )
+    listener = _ingress_listener(hcm, listener_port, options)
     ext_proc_cluster = Cluster(
         name=EXT_PROC_CLUSTER,
         type=ClusterDiscoveryType.STATIC,
@@ -848,39 +858,10 @@ def build_lb_bootstrap(
     hcm = HttpConnectionManager(
         stat_prefix="ingress",
         codec_type=HttpConnectionManagerCodecType.AUTO,
-        route_config=RouteConfiguration(
-            name="model_servers_route",
-            virtual_hosts=[
-                VirtualHost(
-                    name="all",
-                    domains=["*"],
-                    routes=[
-                        Route(
-                            match=RouteMatch(prefix="/"),
-                            route=RouteAction(
-                                cluster=MODEL_SERVERS_CLUSTER, timeout=_seconds(options.route_timeout_s)
-                            ),
-                        )
-                    ],
-                )
-            ],
-        ),
+        route_config=_model_servers_route(options),
         http_filters=[HttpFilter(name="envoy.filters.http.router", typed_config=AnyProto.pack(Router()))],
     )
-    listener = Listener(
-        name="ingress",
-        address=_socket(LOOPBACK, listener_port),
-        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
-        filter_chains=[
-            FilterChain(
-                filters=[
-                    Filter(
-                        name="envoy.filters.network.http_connection_manager", typed_config=AnyProto.pack(hcm)
-                    )
-                ]
-            )
-        ],
-    )
+    listener = _ingress_listener(hcm, listener_port, options)
     if lb_policy == "HEADER":
         cluster = Cluster(
             name=MODEL_SERVERS_CLUSTER,

@@ -204,6 +204,9 @@ class TestBed:
     def forged_unready(self, name: str) -> None:
         self.cluster.forged_unready(name)
 
+    def forged_server_dies(self, name: str) -> None:
+        self.cluster.forged_server_dies(name)
+
     def forged_hold_and_delete(self, name: str) -> None:
         self.cluster.forged_hold_and_delete(name)
 
