@@ -11,50 +11,25 @@ knows about it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from epp.api import NamespacedName, ObjectReader
-from epp.api.types import InferenceModel, InferencePool, PodObject
 from epp.config import ServerConfig
 from epp.k8s import Controllers, KubeClient, load_config
 from epp.k8s.controllers import Reconcile, Reconcilers
 from epp.server.flags import parse_flags
 from epp.server.runner import ControllersFactory, Epp
-
-
-class DeletionBlindReader:
-    """An ``ObjectReader`` that shows every pod as not being deleted: the planted defect."""
-
-    def __init__(self, inner: ObjectReader) -> None:
-        self._inner = inner
-
-    def get_pool(self, key: NamespacedName) -> InferencePool | None:
-        return self._inner.get_pool(key)
-
-    def get_model(self, key: NamespacedName) -> InferenceModel | None:
-        return self._inner.get_model(key)
-
-    def list_models(self, namespace: str) -> Sequence[InferenceModel]:
-        return self._inner.list_models(namespace)
-
-    def get_pod(self, key: NamespacedName) -> PodObject | None:
-        pod = self._inner.get_pod(key)
-        return None if pod is None else dataclasses.replace(pod, deleting=False)
-
-    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> Sequence[PodObject]:
-        return [dataclasses.replace(p, deleting=False) for p in self._inner.list_pods(namespace, selector)]
+from harness.planted import PodRewritingReader, never_deleting
 
 
 def deletion_blind_pods(reader: ObjectReader, *store_and_pool: Any) -> Reconcile:
     """The production pod reconciler, reading pods through the defective reader."""
-    return Reconcilers().pod(DeletionBlindReader(reader), *store_and_pool)
+    return Reconcilers().pod(PodRewritingReader(reader, never_deleting), *store_and_pool)
 
 
 async def serve(config: ServerConfig) -> int:

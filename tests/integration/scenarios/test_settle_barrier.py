@@ -19,18 +19,17 @@ product code has no test branch.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient
 
-from epp.api import NamespacedName, ObjectReader
-from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.api import NamespacedName
 from epp.controller import PodReconciler
 from epp.k8s.controllers import Reconcile, ReconcilerFactory, Reconcilers
 from harness.controlplane import ClusterAccess
+from harness.planted import PodRewritingReader, always_ready
 from harness.settle import PODS, revision
 from harness.testbed import TestBed
 
@@ -40,29 +39,6 @@ pytestmark = pytest.mark.integration
 
 DELAY_S = 0.5
 UNREADY = "unready"
-
-
-class ReadinessBlind:
-    """The planted defect: an ObjectReader that reports every pod Ready."""
-
-    def __init__(self, inner: ObjectReader) -> None:
-        self._inner = inner
-
-    def get_pool(self, key: NamespacedName) -> InferencePool | None:
-        return self._inner.get_pool(key)
-
-    def get_model(self, key: NamespacedName) -> InferenceModel | None:
-        return self._inner.get_model(key)
-
-    def list_models(self, namespace: str) -> Sequence[InferenceModel]:
-        return self._inner.list_models(namespace)
-
-    def get_pod(self, key: NamespacedName) -> PodObject | None:
-        pod = self._inner.get_pod(key)
-        return None if pod is None else dataclasses.replace(pod, ready=True)
-
-    def list_pods(self, namespace: str, selector: Any) -> Sequence[PodObject]:
-        return [dataclasses.replace(p, ready=True) for p in self._inner.list_pods(namespace, selector)]
 
 
 def delayed(reconcile: Callable[[NamespacedName], None]) -> Reconcile:
@@ -78,7 +54,9 @@ def delayed(reconcile: Callable[[NamespacedName], None]) -> Reconcile:
 def delayed_pods(*, readiness_blind: bool) -> ReconcilerFactory:
     """The pod reconcile, delayed, and readiness-blind if asked (the store is the EPP's, as wired)."""
     return lambda reader, store, pool: delayed(
-        PodReconciler(ReadinessBlind(reader) if readiness_blind else reader, store).reconcile
+        PodReconciler(
+            PodRewritingReader(reader, always_ready) if readiness_blind else reader, store
+        ).reconcile
     )
 
 
