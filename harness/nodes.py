@@ -66,7 +66,8 @@ class NodeSet(StartStop):
         ``node.kubernetes.io/not-ready`` taint that admission puts on every new Node (as for a real
         kubelet's node); pass False in a plane without controllers, where it is never lifted.
         ``internal_ip``: the nodes' InternalIP address (a pod's ``hostIP``); only a Hostname otherwise."""
-        self.id = secrets.token_hex(4)
+        # A letter first: an all-hex id such as 1e234567 reads as a number in YAML 1.2 (kubectl's).
+        self.id = "n" + secrets.token_hex(4)
         self.names = [f"harness-node-{self.id}-{i}" for i in range(count)]
         self.labels = {**(labels or {}), NODE_SET_KEY: self.id}
         self.taint = {"key": NODE_SET_KEY, "value": self.id, "effect": "NoSchedule"} if taint else None
