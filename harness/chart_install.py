@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Self, cast
+from typing import Any, Final, cast
 
 import yaml
 
@@ -114,16 +114,10 @@ class ChartInstall(StartStop):
         self._installed = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> Self:
-        try:
-            self.apply_model_servers()
-            self.install()
-            pods = self.wait_epp_ready()
-            self.start_envoy(pods)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def _start(self) -> None:
+        self.apply_model_servers()
+        self.install()
+        self.start_envoy(self.wait_epp_ready())
 
     def apply_model_servers(self) -> None:
         self.kubectl("apply", "-f", "-", stdin=model_server_manifest(self.options))

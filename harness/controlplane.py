@@ -42,7 +42,7 @@ import urllib.request
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import yaml
 
@@ -229,7 +229,7 @@ class ControlPlane(StartStop):
         """A new admin ``kubernetes.client.ApiClient`` (the caller closes it)."""
         return self.access.api_client()
 
-    def start(self) -> None:
+    def start(self) -> Self:
         """Start every component in order, wait until ready, install CRDs; roll back on any failure."""
         if self.root is not None:
             raise RuntimeError("control plane already started")
@@ -243,6 +243,7 @@ class ControlPlane(StartStop):
         except BaseException:
             self.stop()
             raise
+        return self
 
     def stop(self) -> None:
         """Stop the components in reverse order; release ports; remove the temp dir. Idempotent."""

@@ -13,11 +13,11 @@ retries a stream that could not start on another replica (`harness.envoy.ExtProc
 from __future__ import annotations
 
 import dataclasses
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from harness.envoy import Envoy, ExtProcHealthCheck, ExtProcReplica
 from harness.epp_process import EppProcess
+from harness.lifecycle import StartStop
 from harness.observer import EppObserver
 from harness.oracle import Verdict
 from harness.stack import Stack
@@ -25,7 +25,7 @@ from harness.stack import Stack
 DEFAULT_HEALTH_CHECK = ExtProcHealthCheck(interval_s=0.5, timeout_s=1.0)
 
 
-class EppReplicas:
+class EppReplicas(StartStop):
     """`count` EPP processes for the Stack's pool (the Stack's own EPP is replica 0) behind one Envoy."""
 
     def __init__(
@@ -49,22 +49,17 @@ class EppReplicas:
         self.envoy: Envoy | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> Self:
-        try:
-            first = self.replicas[0]
-            for _ in range(self.count - 1):
-                replica = first.replica()
-                self.replicas.append(replica)
-                replica.start()
-            for replica in self.replicas:
-                replica.wait_serving()
-            endpoints = [ExtProcReplica(r.ext_proc_address, r.health_port) for r in self.replicas]
-            self.envoy = Envoy(endpoints, options=self.envoy_options, ext_proc_tls=first.ext_proc_tls)
-            self.envoy.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def _start(self) -> None:
+        first = self.replicas[0]
+        for _ in range(self.count - 1):
+            replica = first.replica()
+            self.replicas.append(replica)
+            replica.start()
+        for replica in self.replicas:
+            replica.wait_serving()
+        endpoints = [ExtProcReplica(r.ext_proc_address, r.health_port) for r in self.replicas]
+        self.envoy = Envoy(endpoints, options=self.envoy_options, ext_proc_tls=first.ext_proc_tls)
+        self.envoy.start()
 
     def stop(self) -> None:
         """Stop this Envoy and the replicas started here (the Stack stops its own EPP). Idempotent."""
@@ -76,14 +71,6 @@ class EppReplicas:
             extra, self.replicas = self.replicas[1:], self.replicas[:1]
             for replica in extra:
                 replica.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ reading
     @property

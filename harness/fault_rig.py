@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -63,23 +63,18 @@ class FaultRig(StartStop):
             raise RuntimeError("the rig is not started")
         return self._bed
 
-    def start(self) -> Self:
-        try:
-            self.plane.start()
-            self._dir = Path(tempfile.mkdtemp(prefix=temp_prefix("faults")))
-            server_port = int(self.plane.server_url.rsplit(":", 1)[1])
-            self.proxy = TcpProxy(LOOPBACK, server_port).start()
-            kubeconfig = self._dir / "epp-kubeconfig"
-            _redirect_kubeconfig(self.plane.kubeconfig_path, kubeconfig, f"https://{self.proxy.address}")
-            self._api = self.plane.api_client()
-            create_namespace(self._api, self.namespace, TEST_LABEL)
-            self._bed = TestBed(
-                self._api, self.namespace, kubeconfig, watch_bookmark_interval=self.watch_bookmark_interval
-            )
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def _start(self) -> None:
+        self.plane.start()
+        self._dir = Path(tempfile.mkdtemp(prefix=temp_prefix("faults")))
+        server_port = int(self.plane.server_url.rsplit(":", 1)[1])
+        self.proxy = TcpProxy(LOOPBACK, server_port).start()
+        kubeconfig = self._dir / "epp-kubeconfig"
+        _redirect_kubeconfig(self.plane.kubeconfig_path, kubeconfig, f"https://{self.proxy.address}")
+        self._api = self.plane.api_client()
+        create_namespace(self._api, self.namespace, TEST_LABEL)
+        self._bed = TestBed(
+            self._api, self.namespace, kubeconfig, watch_bookmark_interval=self.watch_bookmark_interval
+        )
 
     def stop(self) -> None:
         """The TestBed (EPP, simulators), the proxy, the plane, the temp dir. Idempotent."""

@@ -11,10 +11,26 @@ from typing import Self
 
 
 class StartStop:
-    """``__enter__`` starts (and returns the piece), ``__exit__`` stops whatever happened inside."""
+    """``__enter__`` starts (and returns the piece), ``__exit__`` stops whatever happened inside.
 
-    def start(self) -> object:
+    A piece made of several parts defines ``_start()`` instead of ``start()``: a start that fails
+    half-way then stops what it had started (``stop()`` must be idempotent) before raising.
+    """
+
+    def start(self) -> Self:
+        try:
+            self._start()
+        except BaseException as exc:
+            self._on_failed_start(exc)
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
         raise NotImplementedError
+
+    def _on_failed_start(self, exc: BaseException) -> None:
+        """Hook: note what the failed start had seen, before ``stop()`` takes it away."""
 
     def stop(self) -> object:
         raise NotImplementedError

@@ -29,7 +29,7 @@ import secrets
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Self
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -94,7 +94,7 @@ class NodeSet(StartStop):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
+    def start(self) -> Self:
         """Register every node and its lease, then start renewing; on failure undo what was done."""
         if self._thread is not None:
             raise RuntimeError("node set already started")
@@ -118,6 +118,7 @@ class NodeSet(StartStop):
             except BaseException:
                 self.stop()
                 raise
+        return self
 
     def _assert_schedulable(self) -> None:
         for name in self.names:

@@ -40,7 +40,7 @@ import urllib.parse
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Final, Self
 
 from harness.lifecycle import StartStop
 from harness.ports import LOOPBACK, reserve_port
@@ -135,10 +135,11 @@ class ManagedProcess(StartStop):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
+    def start(self) -> Self:
         """Spawn the process and wait until healthy; on failure stop it and raise ``ProcessStartError``."""
         self.launch()
         self.wait_until_healthy()
+        return self
 
     def launch(self) -> None:
         """Spawn the process without waiting (``wait_until_healthy`` next), so siblings can start together."""

@@ -30,6 +30,7 @@ from harness.epp_probe import datastore_view
 from harness.epp_process import EppProcess
 from harness.eventually import eventually
 from harness.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
+from harness.lifecycle import StartStop
 from harness.metrics_access import MetricsReader
 from harness.namespaces import create_namespace
 from harness.observer import EppObserver
@@ -94,7 +95,7 @@ class StackOptions:
     apply_pool: bool = True
 
 
-class Stack:
+class Stack(StartStop):
     """Start in dependency order; stop in reverse. Usable as a context manager."""
 
     def __init__(self, access: ClusterAccess, options: StackOptions) -> None:
@@ -110,15 +111,10 @@ class Stack:
         self.traffic: TrafficOracle | None = None
         self._metrics_reader: MetricsReader | None = None
 
-    def start(self) -> None:
-        try:
-            self._start()
-        except BaseException as exc:
-            if isinstance(exc, Exception):  # what it had seen, before stopping takes it away
-                with contextlib.suppress(Exception):
-                    exc.add_note(f"{EVIDENCE_NOTE}\n{self.evidence()}")
-            self.stop()
-            raise
+    def _on_failed_start(self, exc: BaseException) -> None:
+        if isinstance(exc, Exception):  # what it had seen, before stopping takes it away
+            with contextlib.suppress(Exception):
+                exc.add_note(f"{EVIDENCE_NOTE}\n{self.evidence()}")
 
     def _start(self) -> None:
         opts = self.options
@@ -207,13 +203,6 @@ class Stack:
                 if self._api is not None:
                     self._api.close()  # type: ignore[no-untyped-call]
                     self._api = None
-
-    def __enter__(self) -> Stack:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ reading the system
     @property

@@ -53,13 +53,6 @@ class BenchPool(StartStop):
         self._addresses = AddressPool()
         self._thread: SimThread | None = None
 
-    def start(self) -> None:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-
     def _start(self) -> None:
         spec, ns = self.spec, self.namespace
         self._api = self.access.api_client()
