@@ -40,8 +40,40 @@ def serving_certificate(server_name: str, cert_dir: Path) -> bytes:
     return ca.cert_pem
 
 
+class EppProcessIdentity:
+    """What the harness reads of any EPP process it runs (ours or a foreign one): the name on its
+    certificate, the trust Envoy needs for it, and whether it runs."""
+
+    pool_name: str
+    pool_namespace: str
+    _process: ManagedProcess | None
+    _ca_pem: bytes
+
+    @property
+    def server_name(self) -> str:
+        """The name on the EPP's certificate: its Service's DNS name in a cluster."""
+        return epp_server_name(self.pool_name, self.pool_namespace)
+
+    @property
+    def ext_proc_tls(self) -> ExtProcTls:
+        """What Envoy trusts to verify this EPP (available once started)."""
+        if not self._ca_pem:
+            raise RuntimeError("the EPP has no certificate before start()")
+        return ExtProcTls(ca_pem=self._ca_pem, server_name=self.server_name)
+
+    @property
+    def running(self) -> bool:
+        """Started and still alive (a crash shows here, not only a `stop()`)."""
+        return self._process is not None and self._process.running
+
+    @property
+    def pid(self) -> int | None:
+        """The EPP's process id while it runs (for /proc readings in benchmarks)."""
+        return self._process.pid if self._process is not None else None
+
+
 @dataclass
-class EppProcess:
+class EppProcess(EppProcessIdentity):
     pool_name: str
     pool_namespace: str
     kubeconfig: Path
@@ -141,34 +173,12 @@ class EppProcess:
             self._cert_dir, self._ca_pem = cert_dir, serving_certificate(self.server_name, cert_dir)
         return self._cert_dir
 
-    @property
-    def server_name(self) -> str:
-        """The name on the EPP's certificate: its Service's DNS name in a cluster."""
-        return epp_server_name(self.pool_name, self.pool_namespace)
-
-    @property
-    def ext_proc_tls(self) -> ExtProcTls:
-        """What Envoy trusts to verify this EPP (available once started)."""
-        if not self._ca_pem:
-            raise RuntimeError("the EPP has no certificate before start()")
-        return ExtProcTls(ca_pem=self._ca_pem, server_name=self.server_name)
-
     def __enter__(self) -> EppProcess:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def running(self) -> bool:
-        """Started and still alive (a crash shows here, not only a `stop()`)."""
-        return self._process is not None and self._process.running
-
-    @property
-    def pid(self) -> int | None:
-        """The EPP's process id while it runs (for /proc readings in benchmarks)."""
-        return self._process.pid if self._process is not None else None
 
     @property
     def grpc_port(self) -> int:

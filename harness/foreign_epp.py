@@ -65,9 +65,8 @@ import grpc
 
 from harness import epp_probe, go_binaries
 from harness.binaries import BinaryNotFoundError
-from harness.certs import ExtProcTls
 from harness.envoy import RequestBodyMode
-from harness.epp_process import epp_server_name, serving_certificate
+from harness.epp_process import EppProcessIdentity, serving_certificate
 from harness.eventually import eventually
 from harness.ports import LOOPBACK, PortReservation, claim_port, reserve_port
 from harness.process import ManagedProcess, temp_prefix
@@ -169,7 +168,7 @@ def sim_metric_args(command: EppCommand, kv_cache_metric: str = "vllm:kv_cache_u
 
 
 @dataclass
-class ForeignEpp:
+class ForeignEpp(EppProcessIdentity):
     """One EPP process from an ``EppCommand``; same lifecycle as ``EppProcess`` (start/stop/close)."""
 
     command: EppCommand
@@ -300,24 +299,6 @@ class ForeignEpp:
         self.close()
 
     # ---- what the harness reads ------------------------------------------------------------------
-    @property
-    def server_name(self) -> str:
-        return epp_server_name(self.pool_name, self.pool_namespace)
-
-    @property
-    def ext_proc_tls(self) -> ExtProcTls:
-        """What Envoy trusts to verify this EPP (available once started)."""
-        if not self._ca_pem:
-            raise RuntimeError("the EPP has no certificate before start()")
-        return ExtProcTls(ca_pem=self._ca_pem, server_name=self.server_name)
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.running
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
 
     @property
     def grpc_port(self) -> int:
