@@ -50,8 +50,8 @@ def test_signal_stops_the_process_cleanly(tmp_path: Path, sig: signal.Signals, l
     log = tmp_path / "epp.log"
     argv = [
         sys.executable, "-m", "epp", "-poolName", "pool", "-bindAddress", "127.0.0.1", "-grpcPort", "0",
-        "-grpcHealthPort", "0", "-metricsPort", "0", "-kubeconfig", str(kubeconfig), "-v", "4",
-        f"--eventLoop={loop}",
+        "-grpcHealthPort", "0", "-metricsPort", "0", "-debugPort", "0", "-kubeconfig", str(kubeconfig),
+        "-v", "4", f"--eventLoop={loop}",
     ]  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
