@@ -110,6 +110,20 @@ CASES = [
 ]
 
 
+def datastore_summary(bed: TestBed) -> str:
+    """The datastore view, one short line per pod. A string on purpose: pytest cuts a non-string
+    assertion message to 240 characters from both ends, which once showed pod-2's gauges right
+    after pod-0's name."""
+    lines = []
+    for p in bed.view()["pods"]:
+        m, age = p["metrics"], p["metricsAgeSeconds"]
+        lines.append(
+            f"{p['name']} {p['address']}: waiting={m['waitingQueueSize']} kv={m['kvCacheUsagePercent']}"
+            f" loras={m['activeModels']} age={'never' if age is None else f'{age:.2f}s'}"
+        )
+    return "datastore: " + "; ".join(lines)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_routing_picks_the_expected_pod(hermetic: TestBed, case: Case) -> None:
     load(hermetic, case.pods)
@@ -121,7 +135,7 @@ def test_routing_picks_the_expected_pod(hermetic: TestBed, case: Case) -> None:
             continue
         assert result.status == 200, result.message
         assert result.endpoint == result.header_endpoint
-        assert hermetic.pod_for_endpoint(result.endpoint) == case.want_pod, hermetic.view()["pods"]
+        assert hermetic.pod_for_endpoint(result.endpoint) == case.want_pod, datastore_summary(hermetic)
         assert result.endpoint == f"{hermetic.pods[case.want_pod].ip}:8000"
         assert result.body is not None
         sent = json.loads(result.body)
