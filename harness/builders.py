@@ -237,8 +237,10 @@ class SimPodBuilder(_ObjectBuilder):
                     {"name": "admin" if not self._containers else f"admin-{port}",
                      "containerPort": port + ADMIN_PORT_OFFSET},
                 ],
+                # A kubelet's default failureThreshold: one slow /health on a loaded box must not
+                # take a pod out of rotation (a readiness flip still takes 3 probe periods).
                 "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 1,
-                                   "failureThreshold": 1},
+                                   "failureThreshold": 3},
             }
         )  # fmt: skip
         return self

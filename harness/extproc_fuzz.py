@@ -397,7 +397,7 @@ def violations(world: FuzzWorld, case: FuzzCase, outcome: Outcome) -> list[str]:
         if not case.duplex:
             problems += _body_problems(world, bodies, reply)
     if case.duplex:
-        problems += _streamed_problems(world, bodies, outcome.replies)
+        problems += _streamed_problems(world, bodies, outcome.replies, outcome.code == grpc.StatusCode.OK)
     if routing_replies > 1:
         problems.append(f"{routing_replies} routing decisions in one stream")
     return problems
@@ -480,9 +480,14 @@ def _body_problems(world: FuzzWorld, bodies: list[bytes], reply: pb.ProcessingRe
 
 
 def _streamed_problems(
-    world: FuzzWorld, bodies: list[bytes], replies: Sequence[pb.ProcessingResponse]
+    world: FuzzWorld, bodies: list[bytes], replies: Sequence[pb.ProcessingResponse], ended_ok: bool
 ) -> list[str]:
-    """Full duplex: the body handed back in chunks after the headers reply that routed it."""
+    """Full duplex: the body handed back in chunks after the headers reply that routed it.
+
+    A stream the server ended with an error (a garbage message after the body) may stop before the
+    last chunk went out; Envoy then fails the request, so only a body that was finished (the stream
+    ended OK, or its last chunk says end of stream) must match the Content-Length it was sent with.
+    """
     lengths = [
         (o.header.raw_value or o.header.value.encode()).decode(errors="replace")
         for reply in replies
@@ -502,10 +507,11 @@ def _streamed_problems(
     if not lengths:
         return problems
     body = b"".join(chunk.body for chunk in chunks)
-    if lengths != [str(len(body))]:
+    finished = ended_ok or bool(chunks and chunks[-1].end_of_stream)
+    if finished and lengths != [str(len(body))]:
         problems.append(f"Content-Length {lengths} for a streamed body of {len(body)} bytes")
-    if body in bodies:
-        return problems  # handed back as the client sent it
+    if body in bodies or not finished:
+        return problems  # handed back as the client sent it, or cut off with the stream
     return problems + _rewritten_problems(world, bodies, body)
 
 

@@ -39,23 +39,9 @@ def build(testbed: TestBed) -> TestBed:
         testbed.apply_model(name, model_name, criticality=criticality, targets=targets)
         testbed.eventually_consistent()
     for pod in PODS:
-        testbed.cluster.add_pods([steady_pod_body(testbed, pod)])
+        testbed.cluster.add_pods([testbed.cluster.pod_body(pod)])
         testbed.eventually_consistent()
     return testbed
-
-
-READINESS_FAILURES = 3
-"""A kubelet's default failureThreshold. The harness default (1, probed every 0.1 s with a 1 s timeout)
-lets a single slow /health on a loaded box take a pod out of the datastore for a moment; a route in
-that moment runs the tree without it, and the case fails on a pick its gauges do not explain."""
-
-
-def steady_pod_body(testbed: TestBed, name: str) -> dict[str, Any]:
-    """The harness's pod, with a readiness probe that one slow answer does not flip."""
-    body = testbed.cluster.pod_body(name)
-    for container in body["spec"]["containers"]:
-        container["readinessProbe"]["failureThreshold"] = READINESS_FAILURES
-    return body
 
 
 def load(bed: TestBed, gauges: Sequence[Mapping[str, Any]]) -> None:
