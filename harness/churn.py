@@ -279,6 +279,11 @@ class ChurnMachine(RuleBasedStateMachine):
             self.pods[name].deleting = {}
         else:
             self.pods[name].deleting = self.bed.terminate_pod(name)
+            # The invariant polls for agent pods (the agent writes on its own), which would wait out
+            # the preStop sleep and let an EPP that routes to Terminating pods pass. This one check
+            # needs no polling: once the EPP has seen the deletion, the pod is out for good.
+            self.bed.settled(timeout=self.settings.timeout)
+            assert name not in self.bed.datastore_pods(), f"{name} is Terminating, yet in the datastore"
         self.stats.count("terminate")
 
     @precondition(lambda self: any(p.terminating for p in self.pods.values()))
