@@ -26,9 +26,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import yaml
+from kubernetes import client
 
 from harness.certs import UNVERIFIED_EXT_PROC_TLS
 from harness.cluster import is_ready
@@ -36,6 +37,7 @@ from harness.controlplane import ClusterAccess
 from harness.envoy import Envoy, EnvoyOptions, ExtProcHealthCheck, ExtProcReplica
 from harness.eventually import eventually
 from harness.helm import Helm
+from harness.kube import response_json
 from harness.kubectl import kubectl
 from harness.lifecycle import StartStop
 
@@ -240,8 +242,6 @@ class EndpointsFollower:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        from kubernetes import client
-
         install = self._install
         selector = f"inferencepool={install.epp_name}"
         with install.access.api_client() as api_client:
@@ -255,7 +255,7 @@ class EndpointsFollower:
                         _preload_content=False,
                         _request_timeout=10,
                     )
-                    pods = json.loads(cast(Any, response).data)["items"]
+                    pods = response_json(response)["items"]
                 except Exception:  # the API server restarting: keep the endpoints Envoy has
                     continue
                 wanted = epp_endpoints(pods)

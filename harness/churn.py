@@ -69,10 +69,10 @@ SELECTORS: Final[tuple[dict[str, str], ...]] = (
     {"tier": "b"},
 )
 ONE_IN_FOUR: Final = (False, False, False, True)
-PRE_STOP_S: Final = 1
+PRE_STOP_S: Final = 1  # agent pods made to be terminated gracefully stay Ready this long while deleted
 # Restarts are a zero-argument rule, which hypothesis's swarm testing can leave nearly alone among the
 # enabled rules: then most steps would be restarts, with nothing changed in between.
-RESTART_SPACING: Final = 4  # agent pods made to be terminated gracefully stay Ready this long while deleted
+RESTART_SPACING: Final = 4  # checks between two EPP restarts, at least
 
 
 class PodKind(enum.Enum):

@@ -119,14 +119,22 @@ def _marker_name(item: pytest.Item, kind: str) -> str | None:
     return str(marker.args[0]) if marker is not None and marker.args else None
 
 
+def _start_notes(error: BaseException | None) -> list[str]:
+    """What a Stack that failed to start noted on its error (``Stack._on_failed_start``)."""
+    stack_module = sys.modules.get("harness.stack")
+    if stack_module is None:
+        return []
+    notes = getattr(error, "__notes__", None) or []
+    return [str(note) for note in notes if str(note).startswith(stack_module.EVIDENCE_NOTE)]
+
+
 def _evidence(item: pytest.Item, error: BaseException | None) -> str:
     stack_module = sys.modules.get("harness.stack")
     if stack_module is None:
         return ""
-    notes = getattr(error, "__notes__", None) or []
-    started = [note for note in notes if str(note).startswith(stack_module.EVIDENCE_NOTE)]
+    started = _start_notes(error)
     if started:  # a Stack that failed to start noted what it had seen before it stopped
-        return "\n".join(str(note).split("\n", 1)[-1] for note in started)
+        return "\n".join(note.split("\n", 1)[-1] for note in started)
     funcargs: dict[str, Any] = getattr(item, "funcargs", {})
     stacks = {id(v): v for v in funcargs.values() if isinstance(v, stack_module.Stack)}
     stacks.update({id(s): s for s in item.stash.get(STARTED_STACKS, [])})
@@ -137,12 +145,6 @@ def _evidence(item: pytest.Item, error: BaseException | None) -> str:
         except Exception as exc:  # evidence is best effort: never mask the test's own failure
             parts.append(f"(evidence unavailable: {type(exc).__name__}: {exc})")
     return "\n".join(parts)
-
-
-def _stack_start_failed(error: BaseException | None) -> bool:
-    stack_module = sys.modules.get("harness.stack")
-    notes = getattr(error, "__notes__", None) or []
-    return stack_module is not None and any(str(n).startswith(stack_module.EVIDENCE_NOTE) for n in notes)
 
 
 STARTED_STACKS = pytest.StashKey[list[Any]]()
@@ -167,7 +169,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         "message": message,
         "evidence": evidence,
         # A Stack that never started is no behaviour of the EPP's to call a departure.
-        "stack_start_failed": _stack_start_failed(error),
+        "stack_start_failed": bool(_start_notes(error)),
     }
     report.user_properties.append((_PROPERTY, json.dumps(record)))
 

@@ -42,12 +42,12 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Literal, Self
 
 from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 from harness.binaries import envoy_path
 from harness.certs import ExtProcTls
+from harness.lifecycle import StartStop
 from harness.process import ChildProcesses, ManagedProcess, http_health_check
 
 with warnings.catch_warnings():
@@ -645,7 +645,7 @@ def _split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class Envoy:
+class Envoy(StartStop):
     """Envoy with the EPP (``ext_proc`` = "host:port", an IP address) as its external processor.
 
     ``with Envoy("127.0.0.1:9002") as envoy: ...`` then send requests to ``envoy.base_url``.
@@ -723,15 +723,11 @@ class Envoy:
         return self._process is not None and self._process.running
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self) -> Self:
         """Write the bootstrap, start Envoy and wait for admin ``/ready``; raise with the log tail."""
         if self._process is not None:
             raise RuntimeError("Envoy already started")
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+        return super().start()
 
     def _start(self) -> None:
         self._children = ChildProcesses()
@@ -810,15 +806,6 @@ class Envoy:
         finally:
             self._process = None
             self._dir = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # ---- logs --------------------------------------------------------------------------------
     def log_tail(self, lines: int = 40) -> str:

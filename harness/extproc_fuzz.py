@@ -423,13 +423,7 @@ def _destination_problems(world: FuzzWorld, reply: pb.ProcessingResponse) -> tup
     problems = []
     which = reply.WhichOneof("response")
     common = getattr(reply, which).response if which in ("request_headers", "request_body") else None
-    header_values = []
-    if common is not None:
-        header_values = [
-            (o.header.raw_value or o.header.value.encode()).decode(errors="replace")
-            for o in common.header_mutation.set_headers
-            if o.header.key.lower() == world.destination_header
-        ]
+    header_values = _set_header(common, world.destination_header) if common is not None else []
     metadata = json_format.MessageToDict(reply.dynamic_metadata) if reply.HasField("dynamic_metadata") else {}
     meta_value = (metadata.get(METADATA_NAMESPACE) or {}).get(world.destination_header)
     if len(header_values) > 1:
@@ -459,11 +453,7 @@ def _body_problems(world: FuzzWorld, bodies: list[bytes], reply: pb.ProcessingRe
     if which not in ("request_headers", "request_body"):
         return []
     common = getattr(reply, which).response
-    lengths = [
-        (o.header.raw_value or o.header.value.encode()).decode(errors="replace")
-        for o in common.header_mutation.set_headers
-        if o.header.key.lower() == "content-length"
-    ]
+    lengths = _set_header(common, "content-length")
     has_body = common.body_mutation.HasField("body")
     if not lengths:
         if has_body and common.body_mutation.body not in bodies:
@@ -489,11 +479,10 @@ def _streamed_problems(
     ended OK, or its last chunk says end of stream) must match the Content-Length it was sent with.
     """
     lengths = [
-        (o.header.raw_value or o.header.value.encode()).decode(errors="replace")
+        value
         for reply in replies
         if reply.WhichOneof("response") == "request_headers"
-        for o in reply.request_headers.response.header_mutation.set_headers
-        if o.header.key.lower() == "content-length"
+        for value in _set_header(reply.request_headers.response, "content-length")
     ]
     chunks = [
         reply.request_body.response.body_mutation.streamed_response
@@ -516,13 +505,21 @@ def _streamed_problems(
 
 
 def _rewritten_problems(world: FuzzWorld, bodies: list[bytes], body: bytes) -> list[str]:
-    problems: list[str] = []
     try:
         rewritten = _strict_json(body)
     except (ValueError, RecursionError) as exc:
-        return [*problems, f"rewritten body is not strict JSON ({exc}): {body[:120]!r}"]
+        return [f"rewritten body is not strict JSON ({exc}): {body[:120]!r}"]
     model = rewritten.get("model") if isinstance(rewritten, dict) else None
     requested = [m for m in map(_requested_model, bodies) if isinstance(m, str) and m in world.models]
     if not any(model in world.models[name] for name in requested):
-        problems.append(f"rewritten model {model!r} is not a target of the requested {requested}")
-    return problems
+        return [f"rewritten model {model!r} is not a target of the requested {requested}"]
+    return []
+
+
+def _set_header(common: pb.CommonResponse, name: str) -> list[str]:
+    """Every value a reply's header mutation sets for ``name`` (lower case), raw or not."""
+    return [
+        (o.header.raw_value or o.header.value.encode()).decode(errors="replace")
+        for o in common.header_mutation.set_headers
+        if o.header.key.lower() == name
+    ]

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from harness.eventually import eventually
 from harness.kube import Kube
-from harness.oracle import Verdict, compare, expected_state, observed_state
+from harness.oracle import Verdict, compare, expected_from_api, observed_state
 from harness.settle import SettleBarrier
 
 View = dict[str, Any]
@@ -117,14 +117,7 @@ class EppObserver:
 
     # ------------------------------------------------------------------ the oracle
     def verdict(self) -> Verdict:
-        pools = [p for p in self.kube.pools.list(self.namespace) if p["metadata"]["name"] == self.pool_name]
-        expected = expected_state(
-            pools[0] if pools else None,
-            self.kube.models.list(self.namespace),
-            self.kube.pods.list(self.namespace),
-            self.namespace,
-            self.pool_name,
-        )
+        expected = expected_from_api(self.kube, self.namespace, self.pool_name)
         return compare(expected, observed_state(self.view()))
 
     def eventually_consistent(self, timeout: float = 15.0) -> Verdict:

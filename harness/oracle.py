@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.kube import Kube
 
 Obj = Mapping[str, Any]
 
@@ -110,6 +113,18 @@ def expected_state(
         selector=selector,
         pods=expected_pods,
         models=expected_models,
+    )
+
+
+def expected_from_api(kube: Kube, namespace: str, pool_name: str) -> ExpectedState:
+    """``expected_state`` of what the API server holds now (both oracles, white-box and traffic)."""
+    pools = [p for p in kube.pools.list(namespace) if p["metadata"]["name"] == pool_name]
+    return expected_state(
+        pools[0] if pools else None,
+        kube.models.list(namespace),
+        kube.pods.list(namespace),
+        namespace,
+        pool_name,
     )
 
 

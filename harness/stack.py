@@ -15,9 +15,10 @@ white-box observer reads it; otherwise (``white_box`` False) membership is judge
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,8 +106,8 @@ class Stack(StartStop):
         self._api: client.ApiClient | None = None
         self.cluster: Cluster | None = None
         self.observer: EppObserver | None = None
-        self.epp: EppProcess | None = None
-        self.foreign_epp: ForeignEpp | None = None
+        self.epp: EppProcess | None = None  # ours (None when the Stack runs ``epp_command``)
+        self.epp_process: EppProcess | ForeignEpp | None = None  # the EPP under test, whichever it is
         self.envoy: Envoy | None = None
         self.traffic: TrafficOracle | None = None
         self._metrics_reader: MetricsReader | None = None
@@ -132,8 +133,9 @@ class Stack(StartStop):
                 )
             cluster.add_pods([cluster.pod_body(f"{opts.pool_name}-{i}") for i in range(opts.pods)])
         body_limit = f"--maxRequestBodyBytes={opts.envoy.buffer_limit_bytes}"
+        process: EppProcess | ForeignEpp
         if opts.epp_command is None:
-            self.epp = EppProcess(
+            self.epp = process = EppProcess(
                 opts.pool_name,
                 opts.namespace,
                 self.access.kubeconfig_path,
@@ -141,12 +143,9 @@ class Stack(StartStop):
                 extra_args=[body_limit, *opts.epp_args],
                 extra_env=dict(opts.epp_env),
             )
-            self.epp.start()
-            read_view: Callable[[], dict[str, Any]] | None = self.epp.datastore_view
-            ext_proc_address, ext_proc_tls = self.epp.ext_proc_address, self.epp.ext_proc_tls
         else:
             command = opts.epp_command
-            self.foreign_epp = foreign = ForeignEpp(
+            process = ForeignEpp(
                 command,
                 opts.pool_name,
                 opts.namespace,
@@ -158,15 +157,15 @@ class Stack(StartStop):
                 # the one holding them instead of failing (xdist workers then take turns).
                 fixed_port_wait=FIXED_PORT_WAIT_S,
             )
-            foreign.start()
-            debug_url = foreign.debug_url
-            read_view = (lambda: datastore_view(debug_url)) if debug_url is not None else None
-            ext_proc_address, ext_proc_tls = foreign.ext_proc_address, foreign.ext_proc_tls
-        if read_view is not None:
+        self.epp_process = process
+        process.start()
+        debug_url = process.debug_url
+        if debug_url is not None:
+            view = functools.partial(datastore_view, debug_url)
             self.observer = EppObserver(
-                cluster.kube, opts.namespace, opts.pool_name, self.settle_barrier, read_view
+                cluster.kube, opts.namespace, opts.pool_name, self.settle_barrier, view
             )
-        self.envoy = Envoy(ext_proc_address, options=opts.envoy, ext_proc_tls=ext_proc_tls)
+        self.envoy = Envoy(process.ext_proc_address, options=opts.envoy, ext_proc_tls=process.ext_proc_tls)
         self.envoy.start()
         self.traffic = TrafficOracle(
             self.base_url, cluster, opts.probe_model or probe_model(opts.models, opts.sim_config.model)
@@ -185,12 +184,9 @@ class Stack(StartStop):
                 self.envoy = None
         finally:
             try:
-                if self.epp is not None:
-                    self.epp.close()
-                    self.epp = None
-                if self.foreign_epp is not None:
-                    self.foreign_epp.close()
-                    self.foreign_epp = None
+                if self.epp_process is not None:
+                    self.epp_process.close()
+                    self.epp_process = self.epp = None
             finally:
                 self.observer = None
                 self.traffic = None
@@ -224,10 +220,8 @@ class Stack(StartStop):
     @property
     def epp_metrics_url(self) -> str:
         """The EPP's Prometheus endpoint base URL (upstream's wants a bearer token; ours does not)."""
-        if self.epp is not None:
-            return self.epp.metrics_url
-        assert self.foreign_epp is not None, "the Stack is not started"
-        return f"http://{LOOPBACK}:{self.foreign_epp.metrics_port}"
+        assert self.epp_process is not None, "the Stack is not started"
+        return f"http://{LOOPBACK}:{self.epp_process.metrics_port}"
 
     def epp_metrics_text(self) -> str:
         """The EPP's Prometheus page, read with a ServiceAccount token (`harness.metrics_access`):
@@ -241,10 +235,8 @@ class Stack(StartStop):
 
     def wait_serving(self, timeout: float = 60.0) -> None:
         """Until the EPP's gRPC health is SERVING (it knows the pool) and ext_proc takes TLS."""
-        if self.epp is not None:
-            self.epp.wait_serving(timeout)
-        elif self.foreign_epp is not None:
-            self.foreign_epp.wait_serving(timeout)
+        if self.epp_process is not None:
+            self.epp_process.wait_serving(timeout)
 
     def datastore_view(self) -> dict[str, Any]:
         if self.observer is None:
@@ -269,18 +261,14 @@ class Stack(StartStop):
         dead = []
         if self.envoy is not None and not self.envoy.running:
             dead.append("envoy")
-        if self.epp is not None and not self.epp.running:
-            dead.append("epp")
-        if self.foreign_epp is not None and not self.foreign_epp.running:
-            dead.append(self.foreign_epp.command.name)
+        if self.epp_process is not None and not self.epp_process.running:
+            dead.append(self.epp_name)
         return dead
 
     def log_tails(self) -> str:
         parts = []
-        if self.epp is not None:
-            parts.append(f"--- epp log ---\n{self.epp.log_tail()}")
-        if self.foreign_epp is not None:
-            parts.append(f"--- {self.foreign_epp.command.name} log ---\n{self.foreign_epp.log_tail()}")
+        if self.epp_process is not None:
+            parts.append(f"--- {self.epp_name} log ---\n{self.epp_process.log_tail()}")
         if self.envoy is not None:
             parts.append(f"--- envoy log ---\n{self.envoy.log_tail()}")
         return "\n".join(parts)

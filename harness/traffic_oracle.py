@@ -40,7 +40,7 @@ import httpx2
 
 from harness.cluster import Cluster
 from harness.eventually import eventually
-from harness.oracle import expected_state
+from harness.oracle import expected_from_api
 from harness.sim import SERVED_BY_HEADER
 
 DEFAULT_ALPHA: Final = 1e-5
@@ -102,11 +102,7 @@ class TrafficOracle:
 
     def expected_members(self) -> frozenset[str]:
         """Pod names the EPP must route to, computed from the API server (``harness.oracle``)."""
-        kube, ns, pool_name = self.cluster.kube, self.cluster.namespace, self.cluster.pool_name
-        pools = [p for p in kube.pools.list(ns) if p["metadata"]["name"] == pool_name]
-        state = expected_state(
-            pools[0] if pools else None, kube.models.list(ns), kube.pods.list(ns), ns, pool_name
-        )
+        state = expected_from_api(self.cluster.kube, self.cluster.namespace, self.cluster.pool_name)
         return frozenset(key.split("/", 1)[1] for key in state.pods)
 
     def probe(self, members: Collection[str] | None = None, requests: int | None = None) -> TrafficVerdict:

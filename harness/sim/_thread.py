@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Coroutine
-from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from harness.lifecycle import StartStop
 from harness.sim._server import ModelServerSim
 
 DEFAULT_STARTUP_TIMEOUT_S = 10.0
@@ -17,7 +17,7 @@ DEFAULT_STOP_TIMEOUT_S = 10.0
 T = TypeVar("T")
 
 
-class SimThread:
+class SimThread(StartStop):
     """Serves one or more ``ModelServerSim`` from a background thread.
 
     ``start()`` returns once every simulator listens (or re-raises why one could not);
@@ -54,16 +54,16 @@ class SimThread:
     def start(self) -> Self:
         if self._thread is not None:
             raise RuntimeError("SimThread already started")
+        return super().start()
+
+    def _start(self) -> None:
         name = "sim-" + ",".join(s.address for s in self.sims)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         if not self._ready.wait(self._startup_timeout):
-            self.stop()
             raise TimeoutError(f"simulators did not start within {self._startup_timeout}s")
         if self._error is not None:
-            self._thread.join(DEFAULT_STOP_TIMEOUT_S)
             raise RuntimeError(f"simulator thread {name} failed to start") from self._error
-        return self
 
     def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> None:
         thread = self._thread
@@ -77,16 +77,6 @@ class SimThread:
         if thread.is_alive():
             raise TimeoutError(f"simulator thread {thread.name} did not stop within {timeout}s")
         self._thread = None
-
-    def __enter__(self) -> Self:
-        if self._thread is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def _main(self) -> None:
         try:
