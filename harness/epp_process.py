@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from harness import epp_probe
 from harness.certs import ExtProcTls, TinyCA
@@ -42,12 +42,26 @@ def serving_certificate(server_name: str, cert_dir: Path) -> bytes:
 
 class EppProcessIdentity:
     """What the harness reads of any EPP process it runs (ours or a foreign one): the name on its
-    certificate, the trust Envoy needs for it, and whether it runs."""
+    certificate, the trust Envoy needs for it, and whether it runs. A ``with`` block ends in
+    ``close()``, not ``stop()``: ``stop()`` keeps the ports and certificate for a restart."""
 
     pool_name: str
     pool_namespace: str
     _process: ManagedProcess | None
     _ca_pem: bytes
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def server_name(self) -> str:
@@ -172,13 +186,6 @@ class EppProcess(EppProcessIdentity):
             cert_dir = self._kept.temp_dir("epp-certs")
             self._cert_dir, self._ca_pem = cert_dir, serving_certificate(self.server_name, cert_dir)
         return self._cert_dir
-
-    def __enter__(self) -> EppProcess:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def grpc_port(self) -> int:

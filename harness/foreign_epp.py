@@ -58,8 +58,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Final, Literal, Self
+from typing import Final, Literal
 
 import grpc
 
@@ -288,15 +287,6 @@ class ForeignEpp(EppProcessIdentity):
         if self._cert_dir is not None:
             shutil.rmtree(self._cert_dir, ignore_errors=True)
             self._cert_dir = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # ---- what the harness reads ------------------------------------------------------------------
 
