@@ -333,26 +333,22 @@ class ExtProcStream:
         picked = deps.scheduler.schedule(request, pods)
         self._in_flight = deps.accounting.routed(picked, target, prefix)
         endpoint = endpoint_of(picked, pool)
+        rewritten = target != scanned.model
+        body = with_model(raw, scanned, target) if rewritten else raw
+        if len(body) > deps.max_body_bytes:
+            # Only a rewrite can grow the body past the limit it arrived under. Envoy's buffer has
+            # the same limit and would refuse the longer body anyway.
+            raise PayloadTooLarge(
+                f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
+                f"once its model is rewritten to {target}"
+            )
         if self._duplex:
-            body = raw if target == scanned.model else with_model(raw, scanned, target)
-            if len(body) > deps.max_body_bytes:
-                raise PayloadTooLarge(
-                    f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
-                    f"once its model is rewritten to {target}"
-                )
             headers = responses.route(
                 deps.destination, endpoint, phase="request_headers", content_length=len(body)
             )
             reply: Reply = (headers, *responses.streamed_body(body, body_ends_stream))
             self._duplex_body_ended = body_ends_stream
-        elif target != scanned.model:
-            body = with_model(raw, scanned, target)
-            if len(body) > deps.max_body_bytes:
-                # Envoy's buffer has the same limit and would refuse the longer body anyway.
-                raise PayloadTooLarge(
-                    f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
-                    f"once its model is rewritten to {target}"
-                )
+        elif rewritten:
             reply = responses.route(
                 deps.destination, endpoint, phase="request_body", body=body, content_length=len(body)
             )
