@@ -136,7 +136,6 @@ class ExtProcStream:
         "_declared_length",
         "_deps",
         "_duplex",
-        "_duplex_body_ended",
         "_error_counted",
         "_in_flight",
         "_json_body",
@@ -163,7 +162,6 @@ class ExtProcStream:
         self._received_at = deps.clock()
         self._buffered_mode = False
         self._duplex = False  # FULL_DUPLEX_STREAMED: answer the request side once, when the body is complete
-        self._duplex_body_ended = False  # full duplex: the body's end went back to Envoy (or there is none)
         self._body_chunks: list[bytes] = []
         self._body_size = 0
         self._declared_length: int | None = None  # Content-Length of the request, when sent
@@ -258,19 +256,15 @@ class ExtProcStream:
     def _route_bodyless(self) -> bytes:
         pool, pods = self._pool_and_pods()
         endpoint = endpoint_of(self._deps.rng.choice(pods), pool)
-        self._decided = self._duplex_body_ended = True
+        self._decided = True
         return responses.route(self._deps.destination, endpoint, phase="request_headers")
 
     async def _request_body(self, msg: pb.HttpBody) -> Reply:
         if self._decided:
             # Already decided (a trailing chunk after a BUFFERED body, a body after end_of_stream on
-            # the headers): let it through unchanged. One stream, one destination.
-            if not self._duplex:
-                return self._deps.replies.request_body
-            if self._duplex_body_ended:
-                return None  # nothing may follow the body's end: dropped, not forwarded
-            self._duplex_body_ended = msg.end_of_stream
-            return responses.streamed_body(msg.body, msg.end_of_stream)
+            # the headers): let it through unchanged. One stream, one destination. In full duplex the
+            # whole body went back with the decision (under its Content-Length): nothing more is.
+            return None if self._duplex else self._deps.replies.request_body
         self._body_size += len(msg.body)
         limit = self._deps.max_body_bytes
         if self._body_size > limit:
@@ -347,7 +341,6 @@ class ExtProcStream:
                 deps.destination, endpoint, phase="request_headers", content_length=len(body)
             )
             reply: Reply = (headers, *responses.streamed_body(body, body_ends_stream))
-            self._duplex_body_ended = body_ends_stream
         elif rewritten:
             reply = responses.route(
                 deps.destination, endpoint, phase="request_body", body=body, content_length=len(body)
