@@ -298,15 +298,14 @@ class ExtProcStream:
         if self._duplex:
             # The trailers end the body: route on what came, send it back, then the trailers.
             raw, self._body_chunks = b"".join(self._body_chunks), []
-            routed = await self._route(raw, True, body_ends_stream=False)
-            return (*routed, trailers) if isinstance(routed, tuple) else routed
+            return await self._route(raw, True, then=(trailers,))
         # A TrailersResponse cannot carry the body held back so far: refuse rather than hang.
         raise BadRequest(
             "request trailers arrived before the request body ended; the endpoint picker routes on "
             "the whole body (send a Content-Length, or configure Envoy's request_body_mode BUFFERED)"
         )
 
-    async def _route(self, raw: bytes, split: bool, *, body_ends_stream: bool = True) -> Reply:
+    async def _route(self, raw: bytes, split: bool, *, then: tuple[bytes, ...] = ()) -> Reply:
         deps = self._deps
         pool = deps.datastore.pool_get()
         if pool is None:
@@ -340,7 +339,8 @@ class ExtProcStream:
             headers = responses.route(
                 deps.destination, endpoint, phase="request_headers", content_length=len(body)
             )
-            reply: Reply = (headers, *responses.streamed_body(body, body_ends_stream))
+            # `then` follows the body (the trailers' reply): the body does not end the stream then.
+            reply: Reply = (headers, *responses.streamed_body(body, not then), *then)
         elif rewritten:
             reply = responses.route(
                 deps.destination, endpoint, phase="request_body", body=body, content_length=len(body)
