@@ -136,7 +136,6 @@ class ExtProcStream:
         "_declared_length",
         "_deps",
         "_duplex",
-        "_duplex_body_ended",
         "_error_counted",
         "_in_flight",
         "_json_body",
@@ -163,7 +162,6 @@ class ExtProcStream:
         self._received_at = deps.clock()
         self._buffered_mode = False
         self._duplex = False  # FULL_DUPLEX_STREAMED: answer the request side once, when the body is complete
-        self._duplex_body_ended = False  # full duplex: the body's end went back to Envoy (or there is none)
         self._body_chunks: list[bytes] = []
         self._body_size = 0
         self._declared_length: int | None = None  # Content-Length of the request, when sent
@@ -258,19 +256,15 @@ class ExtProcStream:
     def _route_bodyless(self) -> bytes:
         pool, pods = self._pool_and_pods()
         endpoint = endpoint_of(self._deps.rng.choice(pods), pool)
-        self._decided = self._duplex_body_ended = True
+        self._decided = True
         return responses.route(self._deps.destination, endpoint, phase="request_headers")
 
     async def _request_body(self, msg: pb.HttpBody) -> Reply:
         if self._decided:
             # Already decided (a trailing chunk after a BUFFERED body, a body after end_of_stream on
-            # the headers): let it through unchanged. One stream, one destination.
-            if not self._duplex:
-                return self._deps.replies.request_body
-            if self._duplex_body_ended:
-                return None  # nothing may follow the body's end: dropped, not forwarded
-            self._duplex_body_ended = msg.end_of_stream
-            return responses.streamed_body(msg.body, msg.end_of_stream)
+            # the headers): let it through unchanged. One stream, one destination. In full duplex the
+            # whole body went back with the decision (under its Content-Length): nothing more is.
+            return None if self._duplex else self._deps.replies.request_body
         self._body_size += len(msg.body)
         limit = self._deps.max_body_bytes
         if self._body_size > limit:
@@ -304,15 +298,14 @@ class ExtProcStream:
         if self._duplex:
             # The trailers end the body: route on what came, send it back, then the trailers.
             raw, self._body_chunks = b"".join(self._body_chunks), []
-            routed = await self._route(raw, True, body_ends_stream=False)
-            return (*routed, trailers) if isinstance(routed, tuple) else routed
+            return await self._route(raw, True, then=(trailers,))
         # A TrailersResponse cannot carry the body held back so far: refuse rather than hang.
         raise BadRequest(
             "request trailers arrived before the request body ended; the endpoint picker routes on "
             "the whole body (send a Content-Length, or configure Envoy's request_body_mode BUFFERED)"
         )
 
-    async def _route(self, raw: bytes, split: bool, *, body_ends_stream: bool = True) -> Reply:
+    async def _route(self, raw: bytes, split: bool, *, then: tuple[bytes, ...] = ()) -> Reply:
         deps = self._deps
         pool = deps.datastore.pool_get()
         if pool is None:
@@ -333,26 +326,22 @@ class ExtProcStream:
         picked = deps.scheduler.schedule(request, pods)
         self._in_flight = deps.accounting.routed(picked, target, prefix)
         endpoint = endpoint_of(picked, pool)
+        rewritten = target != scanned.model
+        body = with_model(raw, scanned, target) if rewritten else raw
+        if len(body) > deps.max_body_bytes:
+            # Only a rewrite can grow the body past the limit it arrived under. Envoy's buffer has
+            # the same limit and would refuse the longer body anyway.
+            raise PayloadTooLarge(
+                f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
+                f"once its model is rewritten to {target}"
+            )
         if self._duplex:
-            body = raw if target == scanned.model else with_model(raw, scanned, target)
-            if len(body) > deps.max_body_bytes:
-                raise PayloadTooLarge(
-                    f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
-                    f"once its model is rewritten to {target}"
-                )
             headers = responses.route(
                 deps.destination, endpoint, phase="request_headers", content_length=len(body)
             )
-            reply: Reply = (headers, *responses.streamed_body(body, body_ends_stream))
-            self._duplex_body_ended = body_ends_stream
-        elif target != scanned.model:
-            body = with_model(raw, scanned, target)
-            if len(body) > deps.max_body_bytes:
-                # Envoy's buffer has the same limit and would refuse the longer body anyway.
-                raise PayloadTooLarge(
-                    f"request body larger than the endpoint picker's limit of {deps.max_body_bytes} bytes "
-                    f"once its model is rewritten to {target}"
-                )
+            # `then` follows the body (the trailers' reply): the body does not end the stream then.
+            reply: Reply = (headers, *responses.streamed_body(body, not then), *then)
+        elif rewritten:
             reply = responses.route(
                 deps.destination, endpoint, phase="request_body", body=body, content_length=len(body)
             )

@@ -27,6 +27,7 @@ Decisions that differ from upstream v0.3.0 (DESIGN.md §2):
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -90,16 +91,9 @@ class FreshPodsScheduler:
 class Scheduler(FreshPodsScheduler):
     """The v0.3.0 filter tree over the fresh pods, then a uniform draw among the survivors."""
 
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        rng: random.Random | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        pool_name: str = "",
-    ) -> None:
-        super().__init__(config, rng, clock, pool_name=pool_name)
-        self._tree = build_tree(config, self._rng)
+    @functools.cached_property
+    def _tree(self) -> FilterNode:
+        return build_tree(self._config, self._rng)
 
     def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
         survivors = self._tree.run(request, fresh)

@@ -135,3 +135,15 @@ def test_unknown_model_is_404_with_a_readable_message(transport: str) -> None:
     status, message, _ = immediate(replies[0])
     assert status == 404
     assert "nope" in message
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_body_chunk_after_the_decision_is_not_forwarded(transport: str) -> None:
+    # Out of Envoy's order: the body already went back whole, under its Content-Length, when the
+    # trailers ended it; a late chunk would make the forwarded body longer than that.
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    sent = json.dumps({"model": "food-review", "prompt": "hi"}).encode()
+    replies = run(routed_env(), transport, duplex_headers(), body(sent, eos=False), trailers, body(b"late"))
+    kinds = [r.WhichOneof("response") for r in replies]
+    assert kinds == ["request_headers", "request_body", "request_trailers"]
+    assert streamed_body(replies[1:2]) == (sent, [False])
