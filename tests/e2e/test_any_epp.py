@@ -14,6 +14,7 @@ import pytest
 from harness.eventually import eventually
 from harness.stack import BASE_MODEL, ModelSpec, Stack
 from harness.stack_fixtures import StackFactory
+from harness.traffic_oracle import TrafficVerdict
 
 from .support import cluster_of, endpoint, served_by
 
@@ -31,9 +32,9 @@ def complete(stack: Stack, model: str = MODEL) -> httpx2.Response:
         return http.post("/completions", json={"model": model, "prompt": "hello", "max_tokens": 1})
 
 
-def test_a_terminating_pod_gets_no_traffic(stack_factory: StackFactory) -> None:
-    """A pod with a deletionTimestamp is out of the pool even while its preStop hook keeps it Ready and
-    serving (epp-behaviour.md §2.2; upstream #713 re-added such pods on resync)."""
+def with_a_terminating_pod(stack_factory: StackFactory) -> tuple[Stack, TrafficVerdict]:
+    """Two pods and "leaving", routed to, then deleted: its preStop hook keeps it Ready and serving.
+    Returns once a round of traffic reaches exactly the API server's members, i.e. not "leaving"."""
     stack = stack_factory(pods=2, models=MODELS)
     cluster = cluster_of(stack)
     assert stack.traffic is not None
@@ -41,29 +42,36 @@ def test_a_terminating_pod_gets_no_traffic(stack_factory: StackFactory) -> None:
     stack.traffic.eventually_routes_to(sorted(cluster.pods))
 
     cluster.terminate_pod("leaving")
-    verdict = stack.traffic.eventually_routes_to()  # the API server's members: without "leaving"
+    return stack, stack.traffic.eventually_routes_to()
+
+
+def test_a_terminating_pod_gets_no_traffic(stack_factory: StackFactory) -> None:
+    """A pod with a deletionTimestamp is out of the pool even while its preStop hook keeps it Ready and
+    serving (epp-behaviour.md §2.2; upstream #713 re-added such pods on resync)."""
+    stack, verdict = with_a_terminating_pod(stack_factory)
 
     assert "leaving" not in verdict.expected, "the pod was not terminating when the check passed"
-    assert cluster.sim("leaving").info()["healthy"], "the terminating pod must still serve for this check"
+    assert cluster_of(stack).sim("leaving").info()["healthy"], "the terminating pod must still serve"
 
 
 @pytest.mark.upstream_bug("713-resync-adds-deleting-pods")
 def test_a_pool_change_does_not_bring_back_a_terminating_pod(stack_factory: StackFactory) -> None:
     """Changing the pool resyncs its pods (a selector change); a terminating pod stays out."""
-    stack = stack_factory(pods=2, models=MODELS)
+    stack, _ = with_a_terminating_pod(stack_factory)
     cluster = cluster_of(stack)
     assert stack.traffic is not None
-    cluster.add_pod("leaving", pre_stop=PRE_STOP_S)
-    stack.traffic.eventually_routes_to(sorted(cluster.pods))
-    cluster.terminate_pod("leaving")
-    stack.traffic.eventually_routes_to()
 
-    # Same pods, one more selector key: the EPP re-lists the pool's pods.
+    # One more selector key, which every pod gets but one: the EPP re-lists the pool's pods. The pod
+    # left out stops getting traffic only once the EPP has applied the change, so the round that
+    # passes below comes after the re-list (a round before it would still reach that pod).
+    dropped = sorted(name for name in cluster.pods if name != "leaving")[0]
     for name in cluster.pods:
-        cluster.pod_labels(name, {"tier": "gpu"})
+        if name != dropped:
+            cluster.pod_labels(name, {"tier": "gpu"})
     cluster.apply_pool(selector={**cluster_selector(stack), "tier": "gpu"})
     verdict = stack.traffic.eventually_routes_to()
 
+    assert dropped not in verdict.expected, "the pool change did not leave the unlabelled pod out"
     assert "leaving" not in verdict.expected
 
 

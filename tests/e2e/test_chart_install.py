@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,6 +46,7 @@ IN_FLIGHT = 32
 TIMEOUT_S = 120.0
 # What a client may see while the EPP learns the models and pods (404, 503): never after that.
 STARTING = (openai.NotFoundError, openai.InternalServerError)
+HEALTH_PORT = 9003  # the chart's gRPC health port
 INFERENCE_GROUP = "/apis/inference.networking.x-k8s.io/v1alpha2"
 
 
@@ -102,6 +104,14 @@ def routed_or_gone(pod: dict[str, Any]) -> float | None:
         return None
 
 
+def health_or_gone(pod: dict[str, Any]) -> str | None:
+    """The EPP pod's gRPC health (SERVING / NOT_SERVING), or None once its process has exited."""
+    try:
+        return health(f"{pod_ip(pod)}:{HEALTH_PORT}", "inference-extension")
+    except grpc.RpcError:
+        return None
+
+
 def short_request(client: int) -> dict[str, Any]:
     return {"model": BASE_MODEL, "prompt": f"client {client} {secrets.token_hex(4)}", "max_tokens": 60}
 
@@ -147,6 +157,9 @@ def test_two_replicas_serve_and_deleting_one_under_load_fails_no_request(chart: 
             """A window of IN_FLIGHT requests in which the deleted (draining) replica routed none."""
             drained, other = routed_or_gone(first), routed_by(second)
             assert drained is not None, "the deleted replica exited before such a window was seen"
+            # Its drain says so first: a replica that only refused new streams once its shutdown
+            # delay was over would also end up with such a window, without Envoy being told.
+            assert health_or_gone(first) == "NOT_SERVING", "the deleted replica's health is not NOT_SERVING"
             steady(load, time.monotonic(), IN_FLIGHT)
             assert routed_or_gone(first) in (None, drained), "the deleted replica still gets streams"
             assert routed_by(second) > other, "the remaining replica routes"
@@ -154,7 +167,7 @@ def test_two_replicas_serve_and_deleting_one_under_load_fails_no_request(chart: 
         eventually(only_the_other_routes, timeout=TIMEOUT_S, message="the draining replica gets no streams")
         eventually(replaced, timeout=TIMEOUT_S, message="the pod gone and a new one Ready")
         new = next(p for p in chart.serving_epp_pods() if p["metadata"]["name"] != second["metadata"]["name"])
-        assert health(f"{pod_ip(new)}:9003", "inference-extension") == "SERVING"
+        assert health(f"{pod_ip(new)}:{HEALTH_PORT}", "inference-extension") == "SERVING"
 
         def new_one_routes() -> None:
             assert routed_by(new) > 0, "Envoy sends the replacement pod streams"

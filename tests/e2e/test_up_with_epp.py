@@ -106,15 +106,18 @@ def harness_up(*args: str) -> Iterator[tuple[Up, str]]:
 
 
 @pytest.mark.parametrize(
-    "epp",
+    ("epp", "launched_by"),
     [
-        pytest.param((), id="ours"),
+        # EppProcess: the EPP line shows its metrics and its datastore view.
+        pytest.param((), "http://", id="ours"),
         # The any-EPP launcher (harness.foreign_epp), here with our EPP: what --epp-command CMD runs.
-        pytest.param(("--epp-command", "ours"), id="epp-command"),
+        # The EPP line names the command's EPP (an `up` that ignored the flag would show EppProcess's).
+        pytest.param(("--epp-command", "ours"), "epp (ours): ", id="epp-command"),
     ],
 )
-def test_up_with_epp_serves_the_printed_base_url_until_sigint(epp: tuple[str, ...]) -> None:
+def test_up_with_epp_serves_the_printed_base_url_until_sigint(epp: tuple[str, ...], launched_by: str) -> None:
     with harness_up("--with-epp", *epp) as (up, marker):
+        assert up.field("EPP:").startswith(launched_by), up.field("EPP:")
         base_url = up.field(BASE_URL_PREFIX)
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as client:
             completion = client.completions.create(model="food-review", prompt="Review: fine.", max_tokens=4)

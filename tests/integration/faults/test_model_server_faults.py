@@ -20,13 +20,10 @@ Figures (time until no longer routed, failed requests): `benchmarks/bench_model_
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from kubernetes.client import ApiClient
 
-from harness.controlplane import ClusterAccess
 from harness.eventually import eventually
 from harness.testbed import TestBed
 
@@ -36,12 +33,8 @@ OTHERS = ("p1", "p2")
 
 
 @pytest.fixture
-def bed(control_plane: ClusterAccess, kube_api: ApiClient, namespace: str) -> Iterator[TestBed]:
-    bed = TestBed(kube_api, namespace, Path(control_plane.kubeconfig_path), staleness_threshold=STALENESS)
-    try:
-        yield bed
-    finally:
-        bed.close()
+def bed(testbed_with: Callable[..., TestBed]) -> TestBed:
+    return testbed_with(staleness_threshold=STALENESS)
 
 
 def serving(bed: TestBed, *, forged: bool) -> None:

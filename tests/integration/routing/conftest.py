@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from kubernetes.client import ApiClient
 
-from harness.controlplane import ClusterAccess
 from harness.testbed import TestBed
 from tests.integration.routing import hermetic as objects
 
@@ -19,9 +16,5 @@ with the default 2 s, a scrape held up by a starved 2-core box made a pod non-fr
 
 
 @pytest.fixture
-def hermetic(control_plane: ClusterAccess, kube_api: ApiClient, namespace: str) -> Iterator[TestBed]:
-    bed = TestBed(kube_api, namespace, Path(control_plane.kubeconfig_path), staleness_threshold=STALENESS)
-    try:
-        yield objects.build(bed)
-    finally:
-        bed.close()
+def hermetic(testbed_with: Callable[..., TestBed]) -> TestBed:
+    return objects.build(testbed_with(staleness_threshold=STALENESS))

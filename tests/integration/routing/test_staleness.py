@@ -6,14 +6,11 @@ datastore; once they are older than the staleness threshold it must not win over
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient
 
-from harness.controlplane import ClusterAccess
 from harness.testbed import TestBed
 
 STALENESS = 1.0  # seconds; the prober refreshes every 0.05 s, so a live pod is never this old
@@ -23,12 +20,8 @@ ROUTES = 10
 
 
 @pytest.fixture
-def bed(control_plane: ClusterAccess, kube_api: ApiClient, namespace: str) -> Iterator[TestBed]:
-    bed = TestBed(kube_api, namespace, Path(control_plane.kubeconfig_path), staleness_threshold=STALENESS)
-    try:
-        yield bed
-    finally:
-        bed.close()
+def bed(testbed_with: Callable[..., TestBed]) -> TestBed:
+    return testbed_with(staleness_threshold=STALENESS)
 
 
 def test_stale_metrics_are_not_treated_as_idle(bed: TestBed) -> None:

@@ -58,6 +58,7 @@ class FakePicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.streams = 0
         self.request_body_sizes: list[int] = []  # one per request: the whole body
         self.response_body_chunks = 0
+        self.request_body_modes: list[str] = []  # one per stream: the mode Envoy said it uses
 
     async def Process(
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -67,7 +68,9 @@ class FakePicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         body = b""
         async for request in requests:
             if request.HasField("protocol_config"):
-                duplex = request.protocol_config.request_body_mode == FULL_DUPLEX
+                mode = request.protocol_config.request_body_mode
+                duplex = mode == FULL_DUPLEX
+                self.request_body_modes.append(processing_mode_pb2.ProcessingMode.BodySendMode.Name(mode))
             kind = request.WhichOneof("request")
             metadata = struct_pb2.Struct()
             metadata.update({"envoy.lb": {DESTINATION_HEADER: self.destination}})
@@ -208,6 +211,7 @@ async def test_routes_by_metadata_and_ignores_a_client_destination_header(
                 assert (status, served_by) == (200, target.address)
             assert decoy.requests_by_model == {}
             assert target.requests_by_model == {"base": 2}
+            assert picker.request_body_modes == [request_mode] * 2, "Envoy streams in the mode it was given"
 
             async def logged() -> None:
                 entries = envoy.access_log()

@@ -20,7 +20,9 @@ from typing import Any
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from hypothesis import HealthCheck, example, given, settings
 
 from epp.api.types import InferenceModel, InferencePool, PodObject
 from epp.config import GRPCIO_TRANSPORT, H2_TRANSPORT, SchedulerConfig
@@ -30,7 +32,15 @@ from epp.handlers import ExtProcServicer, ExtProcStream
 from epp.metrics import UNKNOWN_MODEL, RequestMetrics
 from epp.scheduling import Scheduler
 from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
-from harness.extproc_fuzz import FuzzCase, FuzzWorld, Outcome, ext_proc_cases, run_case, violations
+from harness.extproc_fuzz import (
+    FuzzCase,
+    FuzzWorld,
+    Message,
+    Outcome,
+    ext_proc_cases,
+    run_case,
+    violations,
+)
 
 CASES = int(os.environ.get("EPP_FUZZ_CASES", "400"))
 NOW = 1000.0
@@ -80,6 +90,38 @@ def servicer_and_registry() -> tuple[ExtProcServicer, RequestMetrics, object]:
         max_request_body_bytes=512 * 1024,
     )
     return servicer, metrics, registry
+
+
+def envoy_shaped(body: bytes, *, duplex: bool) -> FuzzCase:
+    """A stream as Envoy sends it, in two body chunks: run on every run, whatever the draws.
+
+    The random cases reach a rewritten model in full duplex mode only now and then; these make sure
+    each run checks the rewrites (the Content-Length that must follow the longer body) and a body
+    that is not JSON, in both modes.
+    """
+    headers = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers={
+                "headers": [
+                    {"key": ":method", "raw_value": b"POST"},
+                    {"key": ":path", "raw_value": b"/v1/completions"},
+                ]
+            }
+        )
+    )
+    if duplex:
+        headers.protocol_config.request_body_mode = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+    half = len(body) // 2
+    bodies = [
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=body[:half], end_of_stream=False)),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=body[half:], end_of_stream=True)),
+    ]
+    messages = [Message(m.SerializeToString(), str(m.WhichOneof("request"))) for m in (headers, *bodies)]
+    return FuzzCase(tuple(messages), body)
+
+
+REWRITTEN = b'{"model": "chat", "prompt": "a model name that grows"}'
+NOT_JSON = b'{"model": "chat", "prompt": '
 
 
 class LiveServicer:
@@ -165,6 +207,10 @@ def test_no_stream_of_messages_breaks_the_servicer(transport: str) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(case=ext_proc_cases(WORLD))
+    @example(case=envoy_shaped(REWRITTEN, duplex=True))
+    @example(case=envoy_shaped(REWRITTEN, duplex=False))
+    @example(case=envoy_shaped(NOT_JSON, duplex=True))
+    @example(case=envoy_shaped(NOT_JSON, duplex=False))
     def one_case(case: FuzzCase) -> None:
         with _collector_paused():
             broken = violations(WORLD, case, live.run(case))

@@ -145,3 +145,41 @@ def test_a_module_that_does_not_import_is_recorded_as_an_error(pytester: pytest.
     [record] = json.loads(out.read_text())["tests"]
     assert classify(record) == "FAIL"
     assert "nowhere" in record["message"]
+
+
+FAILURES_OUTSIDE_THE_EPP = """
+import pytest
+from harness.stack import EVIDENCE_NOTE
+
+@pytest.mark.epp_agnostic
+@pytest.mark.departure("staleness")
+def test_stack_never_started():
+    error = RuntimeError("epp exited during start")
+    error.add_note(EVIDENCE_NOTE + "\\nEPP under test: x")
+    raise error
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise RuntimeError("left a process behind")
+
+@pytest.mark.epp_agnostic
+def test_passes_then_its_teardown_fails(broken_teardown):
+    pass
+"""
+
+
+def test_a_stack_that_never_started_and_a_failed_teardown_are_recorded_as_failures(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_inner=FAILURES_OUTSIDE_THE_EPP)
+    out = pytester.path / "records.json"
+    pytester.runpytest_inprocess("-p", "no:randomly", f"--conformance-json={out}")
+
+    records = {r["nodeid"].split("::")[1]: r for r in json.loads(out.read_text())["tests"]}
+    never_started = records["test_stack_never_started"]
+    assert never_started["stack_start_failed"] is True
+    assert classify(never_started) == "FAIL", "a Stack that never started is no departure"
+    teardown = records["test_passes_then_its_teardown_fails"]
+    assert (teardown["outcome"], classify(teardown)) == ("error", "FAIL")
+    assert "left a process behind" in teardown["message"]

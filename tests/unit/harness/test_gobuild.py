@@ -403,8 +403,25 @@ def test_the_upstream_epp_is_pinned_by_its_build_info(
         gobuild.find(build, binary)
 
 
-def test_harness_build_builds_the_upstream_epp_only_when_asked(
-    clean_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("flags", "built", "line"),
+    [
+        pytest.param(
+            ["--upstream-epp", "v0.3.0"],
+            "upstream-epp@0.3.0",
+            "upstream-epp             v0.3.0",
+            id="upstream-epp",
+        ),
+        pytest.param(["--helm"], "helm@3.19.0", "helm                     v3.19.0", id="helm"),
+    ],
+)
+def test_harness_build_builds_an_optional_binary_only_when_asked(
+    clean_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    built: str,
+    line: str,
 ) -> None:
     ensured: list[str] = []
 
@@ -414,11 +431,11 @@ def test_harness_build_builds_the_upstream_epp_only_when_asked(
 
     monkeypatch.setattr(gobuild, "ensure", fake_ensure)
     assert go_binaries.main([]) == 0
-    assert "upstream-epp@0.3.0" not in ensured
+    assert built not in ensured
     ensured.clear()
-    assert go_binaries.main(["--upstream-epp", "v0.3.0"]) == 0
-    assert ensured[-1] == "upstream-epp@0.3.0"
-    assert "upstream-epp             v0.3.0" in capsys.readouterr().out
+    assert go_binaries.main(flags) == 0
+    assert ensured[-1] == built
+    assert line in capsys.readouterr().out
 
 
 def test_helm_is_stamped_as_its_makefile_does() -> None:
@@ -436,21 +453,3 @@ def test_helm_is_stamped_as_its_makefile_does() -> None:
         ("version", "--short"),
         "v3.19.0",
     )
-
-
-def test_harness_build_builds_helm_only_when_asked(
-    clean_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    ensured: list[str] = []
-
-    def fake_ensure(build: GoBuild, progress: object = None) -> dict[str, Resolved]:
-        ensured.append(f"{build.name}@{build.version}")
-        return {b.name: Resolved(gobuild.cached_path(build, b), "cache") for b in build.binaries}
-
-    monkeypatch.setattr(gobuild, "ensure", fake_ensure)
-    assert go_binaries.main([]) == 0
-    assert "helm@3.19.0" not in ensured
-    ensured.clear()
-    assert go_binaries.main(["--helm"]) == 0
-    assert ensured[-1] == "helm@3.19.0"
-    assert "helm                     v3.19.0" in capsys.readouterr().out

@@ -14,6 +14,7 @@ import pytest
 from epp.k8s.config import load_config
 from harness import containerfile
 from harness.certs import TinyCA
+from harness.eventually import eventually_async
 from harness.nodeagent.api import PodGone
 from harness.nodeagent.epp_image import AGENT_IMAGES, EppRuntime
 from harness.nodeagent.images import ContainerConfigError, LaunchContext
@@ -133,11 +134,14 @@ def test_the_token_is_renewed_after_80_percent_of_its_life_and_replaced_atomical
         first_inode = volume.token_path.stat().st_ino
         clock[0] = api.now = api.now + 480  # 80% of the lifetime later
         renewal = asyncio.create_task(volume.keep_fresh())
-        for _ in range(100):
-            if volume.renewals:
-                break
-            await asyncio.sleep(0.01)
-        renewal.cancel()
+
+        async def renewed() -> None:
+            assert volume.renewals, "no renewal yet"
+
+        try:
+            await eventually_async(renewed, timeout=10, message="the token renewed")
+        finally:
+            renewal.cancel()
         await asyncio.gather(renewal, return_exceptions=True)
         assert volume.renewals == 1
         assert volume.token_path.read_text() == "token-2"
