@@ -23,7 +23,7 @@ from pathlib import Path
 
 _BUILD_ONE = """
 import dataclasses, sys
-from harness import go_binaries, gobuild
+from harness.cluster import go_binaries, gobuild
 name = sys.argv[1]
 build = next(b for b in go_binaries.BUILDS if any(x.name == name for x in b.binaries))
 gobuild.ensure(dataclasses.replace(build, binaries=(build.binary(name),)))
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only:
         command = [sys.executable, "-c", _BUILD_ONE, args.only]
     else:
-        command = [sys.executable, "-m", "harness.go_binaries"]
+        command = [sys.executable, "-m", "harness.cluster.go_binaries"]
     try:
         started = time.perf_counter()
         subprocess.run(command, env=env, check=True)

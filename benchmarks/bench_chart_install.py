@@ -30,10 +30,10 @@ from typing import Any
 
 import requests
 
-from harness.chart_install import BASE_MODEL, ChartInstall, ChartOptions
-from harness.closed_loop import ClosedLoopLoad
-from harness.controlplane import ControlPlane
-from harness.namespaces import create_namespace
+from harness.cluster.controlplane import ControlPlane
+from harness.cluster.namespaces import create_namespace
+from harness.dataplane.closed_loop import ClosedLoopLoad
+from harness.subject.chart_install import BASE_MODEL, ChartInstall, ChartOptions
 
 TIMEOUT_S = 180.0
 STEADY_S = 3.0

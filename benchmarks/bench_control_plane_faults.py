@@ -1,6 +1,6 @@
 """Control-plane faults: how long the EPP takes to converge (datastore = the consistency oracle).
 
-Each round starts a `harness.fault_rig.FaultRig` (its own etcd + kube-apiserver, a TCP proxy between
+Each round starts a `harness.beds.fault_rig.FaultRig` (its own etcd + kube-apiserver, a TCP proxy between
 the in-process EPP and the API server, a TestBed with a pool, a model and three pods, the EPP's watch
 bookmark interval `--interval`), injects one fault into the real processes, writes one of each pod
 change (a new pod, one made unready, one deleted) and polls the oracle every 10 ms until the EPP's
@@ -30,8 +30,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from harness.fault_rig import FaultRig
-from harness.testbed import TestBed
+from harness.beds.fault_rig import FaultRig
+from harness.beds.testbed import TestBed
 
 POLL_S = 0.01
 CONVERGE_TIMEOUT_S = 120.0

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from kubernetes import client
 
-from harness.controlplane import CONTROLLERS, FULL, MINIMAL, ControlPlane
-from harness.go_binaries import ensure_all
-from harness.namespaces import create_namespace, namespace_name
+from harness.cluster.controlplane import CONTROLLERS, FULL, MINIMAL, ControlPlane
+from harness.cluster.go_binaries import ensure_all
+from harness.cluster.namespaces import create_namespace, namespace_name
 
 INNER_WITH = """
 import pytest

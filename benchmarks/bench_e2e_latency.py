@@ -4,9 +4,9 @@ All paths go to the same simulated vLLM pod:
 - ``client -> simulator``: no Envoy at all (context only);
 - ``Envoy -> simulator``: an Envoy without the ext_proc filter and a STATIC upstream
   (``EnvoyOptions(direct_upstream=...)``): the baseline every EPP's added latency is measured from;
-- ``Envoy + EPP -> simulator``: our EPP process behind its Envoy, exactly as ``harness.stack.Stack``
+- ``Envoy + EPP -> simulator``: our EPP process behind its Envoy, exactly as ``harness.beds.stack.Stack``
   runs it (control plane, pool, model, pod; ext_proc over verified TLS);
-- one more path per ``--compare-*`` option: another EPP command line (``harness.foreign_epp``),
+- one more path per ``--compare-*`` option: another EPP command line (``harness.subject.foreign_epp``),
   watching the same pool, behind an Envoy of its own in the body mode that EPP speaks
   (``EppCommand.envoy_request_body_mode``): BUFFERED by default (DESIGN.md §2; request headers SEND,
   body BUFFERED, response SKIP), as upstream v0.3.0's default server expects;
@@ -46,11 +46,11 @@ from pathlib import Path
 
 import aiohttp
 
-from harness.controlplane import ControlPlane
-from harness.envoy import Envoy, EnvoyOptions
-from harness.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
+from harness.beds.stack import BASE_MODEL, ModelSpec, Stack, StackOptions
+from harness.cluster.controlplane import ControlPlane
+from harness.dataplane.envoy import Envoy, EnvoyOptions
 from harness.sim import SimConfig
-from harness.stack import BASE_MODEL, ModelSpec, Stack, StackOptions
+from harness.subject.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
 
 NAMESPACE = "bench"
 POOL = "bench-pool"

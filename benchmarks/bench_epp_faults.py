@@ -2,7 +2,7 @@
 and how fast a restarted replica has rebuilt its state.
 
 A private control plane (etcd + kube-apiserver), a `Stack` (4 simulated pods, the demo's models) and
-`harness.epp_replicas.EppReplicas`: two EPP processes behind one Envoy that health-checks each
+`harness.beds.epp_replicas.EppReplicas`: two EPP processes behind one Envoy that health-checks each
 (gRPC health every 0.5 s) and retries a stream that could not start on the other. A closed-loop load
 keeps `--in-flight` requests (each a few hundred ms) in flight through Envoy the whole time. Then:
 
@@ -33,11 +33,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from harness.closed_loop import ClosedLoopLoad
-from harness.controlplane import MINIMAL, ClusterAccess, ControlPlane
-from harness.epp_replicas import EppReplicas
+from harness.beds.epp_replicas import EppReplicas
+from harness.beds.stack import BASE_MODEL, Stack, StackOptions
+from harness.cluster.controlplane import MINIMAL, ClusterAccess, ControlPlane
+from harness.dataplane.closed_loop import ClosedLoopLoad
 from harness.sim import SimConfig
-from harness.stack import BASE_MODEL, Stack, StackOptions
 
 NAMESPACE = "bench-epp-faults"
 SIM = SimConfig(model=BASE_MODEL, max_num_seqs=64, time_scale=0.5)

@@ -48,13 +48,13 @@ from vllm_page import vllm_metrics_page
 
 from epp.config import DEFAULT_REFRESH_METRICS_INTERVAL
 from epp.server.flags import parse_go_duration
-from harness.addresses import AddressPool
-from harness.builders import PodBuilder, PoolBuilder
-from harness.controlplane import ControlPlane
-from harness.epp_process import EppProcess
-from harness.forged import ForgedKubelet
-from harness.kube import Kube
-from harness.namespaces import create_namespace
+from harness.base.addresses import AddressPool
+from harness.cluster.builders import PodBuilder, PoolBuilder
+from harness.cluster.controlplane import ControlPlane
+from harness.cluster.forged import ForgedKubelet
+from harness.cluster.kube import Kube
+from harness.cluster.namespaces import create_namespace
+from harness.subject.epp_process import EppProcess
 
 NAMESPACE: Final = "bench-memory"
 POOL: Final = "bench-pool"

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 
-from harness.controlplane import ControlPlane
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
+from harness.cluster.controlplane import ControlPlane
 
 OTHERS = ("p1", "p2")
-TARGET_MODEL = "base-model"  # what the simulators serve (harness.cluster.DEFAULT_SIM_CONFIG)
+TARGET_MODEL = "base-model"  # what the simulators serve (harness.beds.cluster.DEFAULT_SIM_CONFIG)
 WARMUP_S = 1.0
 AFTER_S = 3.0  # past the threshold: long enough to see that nothing goes to the victim any more
 

@@ -35,14 +35,14 @@ from typing import Any
 
 import httpx2
 
-from harness.addresses import AddressPool
-from harness.controlplane import ControlPlane
-from harness.kube import Kube
-from harness.kubectl import kubectl
+from harness.base.addresses import AddressPool
+from harness.base.process import ManagedProcess
+from harness.beds.stack import Stack, StackOptions
+from harness.cluster.controlplane import ControlPlane
+from harness.cluster.kube import Kube
+from harness.cluster.kubectl import kubectl
 from harness.nodeagent.runtime import Launcher, PythonEntry
-from harness.process import ManagedProcess
 from harness.sim import SERVED_BY_HEADER
-from harness.stack import Stack, StackOptions
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster" / "vllm-sim.yaml"
 POOL = "vllm-llama3-8b-instruct"

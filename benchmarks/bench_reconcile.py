@@ -1,7 +1,7 @@
 """Reconcile latency: from a pod's Ready flip written to the API server until the EPP's datastore shows it.
 
 A private control plane (etcd + kube-apiserver), the real EPP in process, one pool and a few pods.
-The forged kubelet (harness.forged: a status write at a known moment) flips one pod Ready <-> NotReady
+The forged kubelet (harness.cluster.forged: a status write at a known moment) flips one pod Ready <-> NotReady
 through the status subresource, N times; after each write the script polls `/debug/datastore` over
 one keep-alive connection, as fast as it answers, until the pod is absent (NotReady) or present again
 (Ready). Two figures per transition:
@@ -24,9 +24,9 @@ import statistics
 import time
 from urllib.parse import urlparse
 
-from harness.controlplane import ControlPlane
-from harness.namespaces import create_namespace
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
+from harness.cluster.controlplane import ControlPlane
+from harness.cluster.namespaces import create_namespace
 
 NAMESPACE = "bench-reconcile"
 TIMEOUT_S = 10.0

@@ -5,7 +5,7 @@ Two cases, each timed per call of `settled()` exactly as tests make it (one `/de
 per poll over a fresh connection, polls 5 ms apart):
 
 - idle: nothing was written since the last settle; the first poll already shows the EPP settled;
-- after one write: the forged kubelet (harness.forged) has just flipped one pod Ready <-> NotReady
+- after one write: the forged kubelet (harness.cluster.forged) has just flipped one pod Ready <-> NotReady
   (the write has returned), so the call waits for watch delivery, the pod reconcile and polls.
 
 Prints p50/p90/p99/max and the polls per call; asserts nothing (aim: p50 <= 20 ms per call).
@@ -21,8 +21,8 @@ import time
 
 from kubernetes import client
 
-from harness.controlplane import ControlPlane
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
+from harness.cluster.controlplane import ControlPlane
 
 NAMESPACE = "bench-settle"
 

@@ -1,6 +1,6 @@
 """The churn machine's long profile: many seeds, thousands of pods, the oracle after every step.
 
-Starts its own control plane (never the shared one), then runs `harness.churn.ChurnMachine` once per
+Starts its own control plane (never the shared one), then runs `harness.stress.churn.ChurnMachine` once per
 seed, each seed until it has created at least `--pods` pods: hypothesis runs of `--examples`
 examples of `--steps` steps (each example a fresh namespace and a fresh EPP), seeded from the seed,
 until the pod count is reached. After every step the EPP is settled and its datastore compared with
@@ -8,7 +8,7 @@ the oracle. Prints per seed and in total: steps, checks, pods created, IP change
 models (and claims made in the same creation second), EPP restarts, mismatches, wall time. A
 mismatch is printed with hypothesis's list of the steps that led to it (not shrunk).
 
-Pods are forged by default (stand-ins, status written by the test, see `harness/churn.py`), whose
+Pods are forged by default (stand-ins, status written by the test, see `harness/stress/churn.py`), whose
 check is strict (the first verdict after settling); `--pod-kind agent` runs pods the node agent runs
 instead (a FULL plane; the check polls the oracle after settling). Both cost about 0.15 s per step
 on two shared cores, ~4 minutes per 300 pods.
@@ -23,8 +23,8 @@ import argparse
 import logging
 import time
 
-from harness import churn
-from harness.controlplane import FULL, MINIMAL, ControlPlane
+from harness.cluster.controlplane import FULL, MINIMAL, ControlPlane
+from harness.stress import churn
 
 
 def main() -> None:

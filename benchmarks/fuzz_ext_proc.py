@@ -1,7 +1,7 @@
 """The long fuzz profile: ≥ 100k hypothesis cases against a real EPP process, and its memory.
 
-The same strategies and properties as the CI profile (`harness.extproc_fuzz`; tests/unit/handlers/
-test_fuzz.py), played over TLS against `python -m epp` as a `harness.stack.Stack` runs it: a real
+The same strategies and properties as the CI profile (`harness.stress.extproc_fuzz`; tests/unit/handlers/
+test_fuzz.py), played over TLS against `python -m epp` as a `harness.beds.stack.Stack` runs it: a real
 control plane, a pool of three simulated pods it scrapes, four InferenceModels (a weighted split, a
 LoRA target, the base model, a sheddable one). Every case is a fresh ext_proc stream. A failing case
 is recorded and the run goes on (no shrinking here: the CI profile shrinks).
@@ -30,9 +30,9 @@ from pathlib import Path
 import grpc
 from hypothesis import HealthCheck, given, settings
 
-from harness.controlplane import ControlPlane
-from harness.extproc_fuzz import FuzzCase, FuzzWorld, Outcome, ext_proc_cases, run_case, violations
-from harness.stack import BASE_MODEL, ModelSpec, Stack, StackOptions
+from harness.beds.stack import BASE_MODEL, ModelSpec, Stack, StackOptions
+from harness.cluster.controlplane import ControlPlane
+from harness.stress.extproc_fuzz import FuzzCase, FuzzWorld, Outcome, ext_proc_cases, run_case, violations
 
 NAMESPACE = "bench-fuzz"
 POD_PORT = 8000

@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from harness.binaries import cache_root
-from harness.controlplane import ControlPlane
-from harness.stack import Stack, StackOptions
+from harness.base.binaries import cache_root
+from harness.beds.stack import Stack, StackOptions
+from harness.cluster.controlplane import ControlPlane
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "config.yml"

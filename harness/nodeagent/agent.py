@@ -1,6 +1,6 @@
 """``NodeAgent``: kubelets for N nodes in one process, the way the harness's cluster runs pods.
 
-It registers the nodes (``harness.nodes.NodeSet``: Ready, capacity, leases renewed like a kubelet's;
+It registers the nodes (``harness.cluster.nodes.NodeSet``: Ready, capacity, leases renewed like a kubelet's;
 untainted, so any pod may land there), watches the pods the real scheduler binds to them (one
 list+watch per node, ``fieldSelector=spec.nodeName=<node>`` across namespaces, as a kubelet does;
 the EPP's own informer), and gives each pod a ``PodWorker`` (``harness.nodeagent.pod``).
@@ -32,7 +32,7 @@ from aiohttp import web
 from epp.k8s.client import PODS, KubeClient
 from epp.k8s.config import load_kubeconfig
 from epp.k8s.informer import DELETED, Informer, InformerEvent
-from harness.addresses import AddressPool
+from harness.base.addresses import AddressPool
 from harness.nodeagent.api import PodApi
 from harness.nodeagent.epp_image import AGENT_IMAGES
 from harness.nodeagent.images import ImageMap
@@ -142,7 +142,7 @@ class NodeAgent:
     def _register_nodes(self) -> Any:
         from kubernetes import client, config
 
-        from harness.nodes import NodeSet
+        from harness.cluster.nodes import NodeSet
 
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]

@@ -3,7 +3,7 @@
 There is no container engine here, so the image is never built; the agent runs what it would run:
 the Containerfile's ENTRYPOINT (``epp``, the console script this virtualenv has, run by this
 virtualenv's Python) with the image's ENV and the container's ``args``. The Containerfile stays the
-only place the runtime layout is written (``harness.containerfile``).
+only place the runtime layout is written (``harness.nodeagent.containerfile``).
 
 Two things a container gets from its runtime are emulated:
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from epp.k8s.config import SERVICE_ACCOUNT_DIR_ENV
-from harness import containerfile
+from harness.nodeagent import containerfile
 from harness.nodeagent.images import (
     DEFAULT_IMAGES,
     ContainerConfigError,

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, Self, TypeVar
 
-from harness.lifecycle import StartStop
+from harness.base.lifecycle import StartStop
 from harness.sim._server import ModelServerSim
 
 DEFAULT_STARTUP_TIMEOUT_S = 10.0

@@ -1,7 +1,7 @@
 """Our EPP with one planted defect, for the black-box oracle's own test: pods being deleted stay routable.
 
 Run as ``python -m tests.e2e.planted_epp`` with upstream's flag names (the test drives it through
-`harness.foreign_epp` in the upstream dialect, so the harness never learns of a ``/debug/datastore``:
+`harness.subject.foreign_epp` in the upstream dialect, so the harness never learns of a ``/debug/datastore``:
 its debug view is put on an ephemeral port nobody is told about, ``--debugPort=0``). The defect is
 injected the way the product allows, through constructors: the pod reconciler reads pods through a
 reader that forgets every ``deletionTimestamp`` (what upstream #713 did on resync); no product code
@@ -24,7 +24,7 @@ from epp.k8s import Controllers, KubeClient, load_config
 from epp.k8s.controllers import Reconcile, Reconcilers
 from epp.server.flags import parse_flags
 from epp.server.runner import ControllersFactory, Epp
-from harness.planted import PodRewritingReader, never_deleting
+from harness.stress.planted import PodRewritingReader, never_deleting
 
 
 def deletion_blind_pods(reader: ObjectReader, *store_and_pool: Any) -> Reconcile:

@@ -13,10 +13,10 @@ from typing import Any
 import httpx2
 import openai
 
-from harness.cluster import Cluster
-from harness.eventually import eventually
+from harness.base.eventually import eventually
+from harness.beds.cluster import Cluster
+from harness.beds.stack import Stack
 from harness.sim import SERVED_BY_HEADER
-from harness.stack import Stack
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 POD_PORT = 8000
@@ -89,7 +89,7 @@ def wait_routable(stack: Stack, pods: Sequence[str], timeout: float = 15.0) -> N
     applied every pod write the test made, so a pod it would wrongly add is already in the view.
 
     An EPP without that view (``--epp-command``): the traffic oracle instead, until one round of
-    requests lands on exactly ``pods`` (`harness.traffic_oracle`: each routable pod is seen with
+    requests lands on exactly ``pods`` (`harness.verdicts.traffic_oracle`: each routable pod is seen with
     probability >= 1 - 1e-5 per round).
     """
     if not stack.white_box:

@@ -2,7 +2,7 @@
 server and the simulators' admin ports only, judged by what reaches which pod.
 
 Where we depart from upstream on purpose, or upstream v0.3.0 has a known bug, the test says so with a
-marker (`harness.departures`), so the conformance report can tell "differs by design" from "fails".
+marker (`harness.verdicts.departures`), so the conformance report can tell "differs by design" from "fails".
 Each test has its own Stack: they change pods and the pool.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import httpx2
 import pytest
 
-from harness.eventually import eventually
-from harness.stack import BASE_MODEL, ModelSpec, Stack
-from harness.stack_fixtures import StackFactory
-from harness.traffic_oracle import TrafficVerdict
+from harness.base.eventually import eventually
+from harness.beds.stack import BASE_MODEL, ModelSpec, Stack
+from harness.plugin.stack_fixtures import StackFactory
+from harness.verdicts.traffic_oracle import TrafficVerdict
 
 from .support import cluster_of, endpoint, served_by
 

@@ -1,6 +1,6 @@
 """The black-box oracle catches a real defect on its own: our EPP with a planted bug (pods being deleted
 stay routable, `tests.e2e.planted_epp`), run as a foreign EPP with no ``/debug/datastore`` the harness
-knows of, is told apart from our EPP by traffic alone (`harness.traffic_oracle`).
+knows of, is told apart from our EPP by traffic alone (`harness.verdicts.traffic_oracle`).
 
 The control case runs the same scenario against our EPP through the same launcher, also judged by
 traffic only: the oracle passes it, so a failure of the planted case is the defect, not the oracle.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.foreign_epp import EppCommand
-from harness.stack import BASE_MODEL, ModelSpec
-from harness.stack_fixtures import StackFactory
+from harness.beds.stack import BASE_MODEL, ModelSpec
+from harness.plugin.stack_fixtures import StackFactory
+from harness.subject.foreign_epp import EppCommand
 
 from .support import cluster_of
 

@@ -3,7 +3,7 @@
 The real controller-manager makes the EPP pods from the chart's Deployment, the node agent runs
 each as the Containerfile's ENTRYPOINT with the pod's projected ServiceAccount token, so every EPP
 loads the in-cluster configuration and acts as the chart's ServiceAccount. Envoy's ext_proc cluster
-lists the EPP pods' addresses and health-checks them (``harness.chart_install``). Nothing here
+lists the EPP pods' addresses and health-checks them (``harness.subject.chart_install``). Nothing here
 starts an EPP by hand.
 
 * Requests go end to end through Envoy, the chart-installed EPP and the simulated model servers.
@@ -32,11 +32,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.chart_install import BASE_MODEL, METRICS_PORT, ChartInstall, ChartOptions, pod_ip
-from harness.closed_loop import ClosedLoopLoad
-from harness.controlplane import ClusterAccess
-from harness.epp_probe import health, metrics_text
-from harness.eventually import eventually
+from harness.base.eventually import eventually
+from harness.cluster.controlplane import ClusterAccess
+from harness.dataplane.closed_loop import ClosedLoopLoad
+from harness.subject.chart_install import BASE_MODEL, METRICS_PORT, ChartInstall, ChartOptions, pod_ip
+from harness.subject.epp_probe import health, metrics_text
 
 from .support import served_by
 

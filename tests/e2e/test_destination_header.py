@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from harness.eventually import eventually
-from harness.pytest_plugin import namespace_name
-from harness.stack import Stack, StackOptions
+from harness.base.eventually import eventually
+from harness.beds.stack import Stack, StackOptions
+from harness.plugin.core import namespace_name
 
 from .support import (
     DESTINATION_HEADER,

@@ -1,6 +1,6 @@
 """EPP process faults under load through a real Envoy (issue 12, part 3): two EPP replicas behind one
-Envoy that health-checks them (`harness.epp_replicas.EppReplicas`), 32 requests in flight all along
-(`harness.closed_loop.ClosedLoopLoad`).
+Envoy that health-checks them (`harness.beds.epp_replicas.EppReplicas`), 32 requests in flight all along
+(`harness.dataplane.closed_loop.ClosedLoopLoad`).
 
 * SIGTERM drains a replica: gRPC health goes NOT_SERVING while the process still serves, Envoy stops
   opening streams there, the streams in flight finish, the process exits by itself: no request fails.
@@ -25,13 +25,13 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.closed_loop import ClosedLoopLoad
-from harness.epp_process import EppProcess
-from harness.epp_replicas import EppReplicas
-from harness.eventually import eventually
+from harness.base.eventually import eventually
+from harness.beds.epp_replicas import EppReplicas
+from harness.beds.stack import BASE_MODEL
+from harness.dataplane.closed_loop import ClosedLoopLoad
+from harness.plugin.stack_fixtures import StackFactory
 from harness.sim import SimConfig
-from harness.stack import BASE_MODEL
-from harness.stack_fixtures import StackFactory
+from harness.subject.epp_process import EppProcess
 
 pytestmark = pytest.mark.e2e
 

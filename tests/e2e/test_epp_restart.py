@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from harness.eventually import eventually
-from harness.stack_fixtures import StackFactory
+from harness.base.eventually import eventually
+from harness.plugin.stack_fixtures import StackFactory
 
 from .support import (
     DESTINATION_HEADER,

@@ -1,4 +1,4 @@
-"""Any EPP command line behind Envoy (`harness.foreign_epp`): started with upstream's flag names and a
+"""Any EPP command line behind Envoy (`harness.subject.foreign_epp`): started with upstream's flag names and a
 certificate Envoy verifies, ready only when health says SERVING and ext_proc completes a TLS
 handshake, then routing real requests to the pool's pods.
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 import httpx2
 import pytest
 
-from harness import go_binaries
-from harness.envoy import Envoy, EnvoyOptions
-from harness.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
-from harness.stack import FIXED_PORT_WAIT_S
-from harness.stack_fixtures import StackFactory
+from harness.beds.stack import FIXED_PORT_WAIT_S
+from harness.cluster import go_binaries
+from harness.dataplane.envoy import Envoy, EnvoyOptions
+from harness.plugin.stack_fixtures import StackFactory
+from harness.subject.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
 
 from .support import cluster_of, endpoint, served_by
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import containerfile
+from harness.nodeagent import containerfile
 
 pytestmark = pytest.mark.e2e
 

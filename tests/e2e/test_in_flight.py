@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.eventually import eventually
+from harness.base.eventually import eventually
+from harness.beds.stack import BASE_MODEL, DEMO_ADAPTERS, Stack
+from harness.plugin.stack_fixtures import StackFactory
 from harness.sim import SimConfig
-from harness.stack import BASE_MODEL, DEMO_ADAPTERS, Stack
-from harness.stack_fixtures import StackFactory
 
 from .support import endpoint, openai_client, served_by
 

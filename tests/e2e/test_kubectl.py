@@ -16,10 +16,10 @@ from collections import Counter
 import openai
 import pytest
 
-from harness.eventually import eventually
-from harness.kubectl import kubectl as run_kubectl
-from harness.stack import Stack
-from harness.stack_fixtures import StackFactory
+from harness.base.eventually import eventually
+from harness.beds.stack import Stack
+from harness.cluster.kubectl import kubectl as run_kubectl
+from harness.plugin.stack_fixtures import StackFactory
 
 from .support import cluster_of, endpoint, error_text, openai_client, served_by, wait_routable
 

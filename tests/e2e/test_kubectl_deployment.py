@@ -22,11 +22,11 @@ import openai
 import pytest
 from kubernetes import client, watch
 
-from harness.cluster import is_ready
-from harness.eventually import eventually
-from harness.kubectl import kubectl as run_kubectl
-from harness.stack import Stack
-from harness.stack_fixtures import StackFactory
+from harness.base.eventually import eventually
+from harness.beds.cluster import is_ready
+from harness.beds.stack import Stack
+from harness.cluster.kubectl import kubectl as run_kubectl
+from harness.plugin.stack_fixtures import StackFactory
 
 from .support import openai_client, served_by
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from harness.eventually import eventually
-from harness.stack import BASE_MODEL, Stack
+from harness.base.eventually import eventually
+from harness.beds.stack import BASE_MODEL, Stack
 
 from .support import (
     access_log_since,

@@ -17,10 +17,10 @@ from collections import Counter
 import openai
 import pytest
 
-from harness.eventually import eventually
+from harness.base.eventually import eventually
+from harness.beds.stack import BASE_MODEL, DEMO_ADAPTERS
+from harness.plugin.stack_fixtures import StackFactory
 from harness.sim import SimConfig
-from harness.stack import BASE_MODEL, DEMO_ADAPTERS
-from harness.stack_fixtures import StackFactory
 
 from .support import POD_PORT, cluster_of, endpoint, openai_client, requests_by_model, served_by
 

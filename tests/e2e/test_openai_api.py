@@ -16,9 +16,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from harness.pytest_plugin import namespace_name
+from harness.beds.stack import BASE_MODEL, DEMO_ADAPTERS, Stack, StackOptions
+from harness.plugin.core import namespace_name
 from harness.sim import SimConfig
-from harness.stack import BASE_MODEL, DEMO_ADAPTERS, Stack, StackOptions
 
 from .support import (
     access_log_since,

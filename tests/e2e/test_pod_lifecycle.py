@@ -9,9 +9,9 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from harness.eventually import eventually
-from harness.stack import BASE_MODEL, ModelSpec, Stack
-from harness.stack_fixtures import StackFactory
+from harness.base.eventually import eventually
+from harness.beds.stack import BASE_MODEL, ModelSpec, Stack
+from harness.plugin.stack_fixtures import StackFactory
 
 from .support import (
     access_log_since,

@@ -22,7 +22,7 @@ from typing import IO
 import openai
 import pytest
 
-from harness.eventually import eventually
+from harness.base.eventually import eventually
 
 from .test_demo import MARKER_VAR, processes_with_marker
 
@@ -45,7 +45,7 @@ class Up:
 
     def __init__(self, args: list[str], marker: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "harness.cli", "up", *args],
+            [sys.executable, "-m", "harness.cli.main", "up", *args],
             env={**os.environ, MARKER_VAR: marker},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -110,7 +110,7 @@ def harness_up(*args: str) -> Iterator[tuple[Up, str]]:
     [
         # EppProcess: the EPP line shows its metrics and its datastore view.
         pytest.param((), "http://", id="ours"),
-        # The any-EPP launcher (harness.foreign_epp), here with our EPP: what --epp-command CMD runs.
+        # The any-EPP launcher (harness.subject.foreign_epp), here with our EPP: what --epp-command CMD runs.
         # The EPP line names the command's EPP (an `up` that ignored the flag would show EppProcess's).
         pytest.param(("--epp-command", "ours"), "epp (ours): ", id="epp-command"),
     ],

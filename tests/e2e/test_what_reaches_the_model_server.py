@@ -15,10 +15,10 @@ from typing import Any
 import httpx2
 import pytest
 
-from harness.envoy import EnvoyOptions
-from harness.pytest_plugin import namespace_name
+from harness.beds.stack import BASE_MODEL, DEMO_ADAPTERS, Stack, StackOptions
+from harness.dataplane.envoy import EnvoyOptions
+from harness.plugin.core import namespace_name
 from harness.sim import ReceivedRequest, SimAdmin, SimConfig
-from harness.stack import BASE_MODEL, DEMO_ADAPTERS, Stack, StackOptions
 
 from .support import (
     DESTINATION_HEADER,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from harness.controlplane import ClusterAccess
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
+from harness.cluster.controlplane import ClusterAccess
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.controlplane import ClusterAccess
-from harness.helm import CHART_DIR, LINT_VALUES, Helm, HelmError, rendered_kinds
-from harness.kubectl import KubectlError, kubectl
+from harness.cluster.controlplane import ClusterAccess
+from harness.cluster.helm import CHART_DIR, LINT_VALUES, Helm, HelmError, rendered_kinds
+from harness.cluster.kubectl import KubectlError, kubectl
 
 CHART_KINDS = ["ServiceAccount", "Service", "Deployment", "Role", "RoleBinding", "InferencePool"]
 

@@ -1,4 +1,4 @@
-"""Churn through the API, CI profile: the state machine of `harness.churn`, a few short examples.
+"""Churn through the API, CI profile: the state machine of `harness.stress.churn`, a few short examples.
 
 After every step the EPP is settled and its datastore must equal the oracle. Two runs: pods the node
 agent runs (readiness through the simulators' health and the agent's probe, graceful termination
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from kubernetes.client import ApiClient
 
-from harness import churn
-from harness.controlplane import ClusterAccess
+from harness.cluster.controlplane import ClusterAccess
+from harness.stress import churn
 
 EXAMPLES = int(os.environ.get("EPP_CHURN_EXAMPLES", "3"))  # the first is hypothesis's simplest one
 STEPS = int(os.environ.get("EPP_CHURN_STEPS", "10"))

@@ -14,10 +14,10 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from harness.controlplane import ClusterAccess
-from harness.eventually import eventually
-from harness.kubectl import KubectlError, kubectl
-from harness.pytest_plugin import Identities
+from harness.base.eventually import eventually
+from harness.cluster.controlplane import ClusterAccess
+from harness.cluster.kubectl import KubectlError, kubectl
+from harness.plugin.core import Identities
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """The full plane behaves like a cluster: what kubectl applies is acted on by the real scheduler and
-controllers (nodes come from ``harness.nodes``: registered like kubelets, nothing runs the pods).
+controllers (nodes come from ``harness.cluster.nodes``: registered like kubelets, nothing runs the pods).
 
 Pods bound to a node with no kubelet stay Terminating after a delete (nobody confirms it), so the
 checks assert what the controllers do (deletionTimestamp set, owners gone), and each test ends by
@@ -20,11 +20,11 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from harness.controlplane import ClusterAccess
-from harness.eventually import eventually
-from harness.kubectl import kubectl
-from harness.namespaces import TEST_LABEL, create_namespace, namespace_name
-from harness.nodes import LEASE_NAMESPACE, NODE_SET_KEY, NodeSet
+from harness.base.eventually import eventually
+from harness.cluster.controlplane import ClusterAccess
+from harness.cluster.kubectl import kubectl
+from harness.cluster.namespaces import TEST_LABEL, create_namespace, namespace_name
+from harness.cluster.nodes import LEASE_NAMESPACE, NODE_SET_KEY, NodeSet
 
 pytestmark = pytest.mark.integration
 

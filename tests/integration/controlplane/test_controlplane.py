@@ -10,10 +10,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from harness import guards
-from harness.controlplane import MINIMAL, ClusterAccess, ControlPlane, ControlPlaneStartError
-from harness.go_binaries import KUBERNETES_VERSION
-from harness.kubectl import kubectl
+from harness.base import guards
+from harness.cluster.controlplane import MINIMAL, ClusterAccess, ControlPlane, ControlPlaneStartError
+from harness.cluster.go_binaries import KUBERNETES_VERSION
+from harness.cluster.kubectl import kubectl
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import guards
-from harness.binaries import CACHE_ENV, cache_root, kubectl_path
-from harness.controlplane import ClusterAccess
-from harness.go_binaries import KUBERNETES_VERSION
+from harness.base import guards
+from harness.base.binaries import CACHE_ENV, cache_root, kubectl_path
+from harness.cluster.controlplane import ClusterAccess
+from harness.cluster.go_binaries import KUBERNETES_VERSION
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from harness.go_binaries import ETCD_VERSION, KUBERNETES_VERSION, binary_path
+from harness.cluster.go_binaries import ETCD_VERSION, KUBERNETES_VERSION, binary_path
 
 pytestmark = pytest.mark.integration
 

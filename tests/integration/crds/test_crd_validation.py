@@ -12,8 +12,8 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from harness.builders import ModelBuilder, PoolBuilder
-from harness.kube import CustomResourceClient, Kube, api_error_message
+from harness.cluster.builders import ModelBuilder, PoolBuilder
+from harness.cluster.kube import CustomResourceClient, Kube, api_error_message
 
 pytestmark = pytest.mark.integration
 

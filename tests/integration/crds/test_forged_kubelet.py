@@ -10,9 +10,9 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client import ApiClient
 
-from harness.builders import HOLD_FINALIZER, PodBuilder
-from harness.forged import ForgedKubelet
-from harness.kube import Kube
+from harness.cluster.builders import HOLD_FINALIZER, PodBuilder
+from harness.cluster.forged import ForgedKubelet
+from harness.cluster.kube import Kube
 
 pytestmark = pytest.mark.integration
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from kubernetes.client import ApiClient
 
-from harness.builders import ModelBuilder, PoolBuilder
-from harness.controlplane import ClusterAccess
-from harness.kube import Kube
-from harness.kubectl import kubectl
+from harness.cluster.builders import ModelBuilder, PoolBuilder
+from harness.cluster.controlplane import ClusterAccess
+from harness.cluster.kube import Kube
+from harness.cluster.kubectl import kubectl
 
 pytestmark = pytest.mark.integration
 

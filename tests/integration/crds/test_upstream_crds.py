@@ -8,7 +8,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from harness import crds, gobuild
+from harness.cluster import crds, gobuild
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ each against a watch of the same object:
 * DELETE of a pod that goes at once: the answer is the deleted pod, stamped with the DELETED event's
   revision (kube-apiserver's etcd3 store decodes the deleted object at the delete's revision);
 * DELETE of a custom resource that goes at once: the server answers with a Status only, so
-  `harness.kube` reads the revision from a watch and returns the object stamped with it;
+  `harness.cluster.kube` reads the revision from a watch and returns the object stamped with it;
 * DELETE held by a finalizer: the answer is the terminating object, at the revision of that update;
 * removing the last finalizer of a terminating object deletes it in a second step: the server's
-  answer carries the revision *before* the deletion, so `harness.kube` reads the DELETED event's.
+  answer carries the revision *before* the deletion, so `harness.cluster.kube` reads the DELETED event's.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
-from harness.builders import HOLD_FINALIZER, ModelBuilder, PodBuilder
-from harness.crds import CRD_GROUP, CRD_VERSION, MODEL_PLURAL
-from harness.kube import Kube, response_json
-from harness.settle import revision
+from harness.cluster.builders import HOLD_FINALIZER, ModelBuilder, PodBuilder
+from harness.cluster.crds import CRD_GROUP, CRD_VERSION, MODEL_PLURAL
+from harness.cluster.kube import Kube, response_json
+from harness.verdicts.settle import revision
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,7 @@ def test_a_held_delete_answers_with_the_update_revision_and_the_release_with_the
     assert terminating["metadata"].get("deletionTimestamp")
     assert rv(raw) == rv(terminating) < seen[1][1], "the answer predates the deletion it caused"
 
-    # ... and what `harness.kube` returns for the same write: the deletion's own revision.
+    # ... and what `harness.cluster.kube` returns for the same write: the deletion's own revision.
     kube.pods.create(namespace, PodBuilder("p2").build())
     kube.pods.patch(namespace, "p2", {"metadata": {"finalizers": [HOLD_FINALIZER]}})
     terminating = kube.pods.delete(namespace, "p2")

@@ -1,7 +1,7 @@
 """Control-plane faults (issue 12, part 2), injected into real processes: the EPP recovers from each,
 and its datastore equals the consistency oracle again, and routing resumes.
 
-Each test has a cluster of its own (`harness.fault_rig.FaultRig`: a minimal plane, a TCP proxy
+Each test has a cluster of its own (`harness.beds.fault_rig.FaultRig`: a minimal plane, a TCP proxy
 between the in-process EPP and the API server, a TestBed), because restarting the shared plane would
 break every other test of the run. The EPP's watch liveness interval is 2 s there. Convergence is
 asserted with generous timeouts; how fast it happens is printed by `benchmarks/bench_control_plane_faults.py`.
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.fault_rig import FaultRig
-from harness.testbed import TestBed
+from harness.beds.fault_rig import FaultRig
+from harness.beds.testbed import TestBed
 
 pytestmark = pytest.mark.integration
 

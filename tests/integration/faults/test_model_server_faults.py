@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import pytest
 
-from harness.eventually import eventually
-from harness.testbed import TestBed
+from harness.base.eventually import eventually
+from harness.beds.testbed import TestBed
 
 STALENESS = 2.0  # seconds; scraped every 0.05 s, so a live pod is never this old (generous: a loaded box)
 ROUTES = 20

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.controlplane import ClusterAccess
+from harness.cluster.controlplane import ClusterAccess
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 
 
 def replay(scenario: Path, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", "replay", str(scenario), *extra],
+        [sys.executable, "-m", "harness.cli.main", "replay", str(scenario), *extra],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 from tests.integration.routing import hermetic as objects
 
 STALENESS = 60.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 
 MY_MODEL = "my-model"
 MY_MODEL_TARGET = "my-model-12345"

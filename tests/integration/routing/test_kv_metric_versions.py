@@ -7,9 +7,9 @@ old one) must read both pods' KV usage through real scrapes, and route on it.
 
 from __future__ import annotations
 
+from harness.beds.testbed import TestBed
 from harness.sim import SimConfig
 from harness.sim._config import DEFAULT_VLLM_VERSION, OLD_VLLM_VERSION
-from harness.testbed import TestBed
 
 OLD = SimConfig(model="base-model", time_scale=0.01, vllm_version=OLD_VLLM_VERSION)
 NEW = SimConfig(model="base-model", time_scale=0.01, vllm_version=DEFAULT_VLLM_VERSION)

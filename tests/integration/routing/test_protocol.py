@@ -11,7 +11,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 from tests.integration.routing.hermetic import DIRECT, MY_MODEL, MY_MODEL_TARGET, PODS
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 from tests.integration.routing.hermetic import (
     MY_MODEL,
     MY_MODEL_TARGET,

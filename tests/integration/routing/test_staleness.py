@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 
 STALENESS = 1.0  # seconds; the prober refreshes every 0.05 s, so a live pod is never this old
 IDLE: dict[str, Any] = {"waiting": 0, "kv_cache": 0.0}

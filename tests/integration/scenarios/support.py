@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 
 MODEL = "chat"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from kubernetes.client import ApiClient
 
-from harness.controlplane import ClusterAccess
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
+from harness.cluster.controlplane import ClusterAccess
 
 from .support import MODEL, serving
 

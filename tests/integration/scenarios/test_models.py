@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 
 from .support import MODEL
 

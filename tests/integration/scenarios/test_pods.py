@@ -11,9 +11,9 @@ told to fail, its readiness probe fails, and the agent writes Ready=False.
 
 from __future__ import annotations
 
-from harness.cluster import container_statuses, is_ready
-from harness.eventually import eventually
-from harness.testbed import TestBed
+from harness.base.eventually import eventually
+from harness.beds.cluster import container_statuses, is_ready
+from harness.beds.testbed import TestBed
 
 from .support import MODEL, serving
 

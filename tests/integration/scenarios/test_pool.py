@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 
 from .support import MODEL, serving
 

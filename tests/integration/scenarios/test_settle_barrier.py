@@ -28,10 +28,10 @@ from kubernetes.client import ApiClient
 from epp.api import NamespacedName
 from epp.controller import PodReconciler
 from epp.k8s.controllers import Reconcile, ReconcilerFactory, Reconcilers
-from harness.controlplane import ClusterAccess
-from harness.planted import PodRewritingReader, always_ready
-from harness.settle import PODS, revision
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
+from harness.cluster.controlplane import ClusterAccess
+from harness.stress.planted import PodRewritingReader, always_ready
+from harness.verdicts.settle import PODS, revision
 
 from .support import serving
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.testbed import TestBed
+from harness.beds.testbed import TestBed
 
 
 def test_pool_pod_model_then_a_request_is_routed(testbed: TestBed) -> None:

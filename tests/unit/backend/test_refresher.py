@@ -19,7 +19,7 @@ from epp.backend.metrics.fetch import ScrapeError
 from epp.backend.metrics.refresher import Fetcher, PodRefreshers
 from epp.config import ProberConfig
 from epp.datastore import Datastore, new_datastore
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 NS = "default"
 FAST = 0.002  # refresh interval that keeps loops turning without a busy spin

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from harness.bench import report
-from harness.bench.loadgen import Outcome
-from harness.bench.runner import BenchConfig, BenchResult
-from harness.bench.stats import RunResult, Slo, aggregate, percentile, summarize
+from harness.cli.bench import report
+from harness.cli.bench.loadgen import Outcome
+from harness.cli.bench.runner import BenchConfig, BenchResult
+from harness.cli.bench.stats import RunResult, Slo, aggregate, percentile, summarize
 
 
 def outcome(index: int, ttft: float, e2e: float, tokens: int, status: int = 200) -> Outcome:

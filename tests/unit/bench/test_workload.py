@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from harness.bench.workload import (
+from harness.cli.bench.workload import (
     SHAREGPT_INPUT_MEAN,
     SHAREGPT_OUTPUT_MEAN,
     SharedPrefix,

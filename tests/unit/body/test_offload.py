@@ -15,7 +15,7 @@ import pytest
 
 from epp.body import BodyScanner, scan_body
 from epp.errors import BadRequest, Internal
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 SMALL_LIMIT = 1024
 BIG = json.dumps({"prompt": "é" * 2000, "model": "m"}, ensure_ascii=False).encode()

@@ -1,4 +1,4 @@
-"""harness.builders: the API-JSON shapes they produce, and that the EPP's parsers read them."""
+"""harness.cluster.builders: the API-JSON shapes they produce, and that the EPP's parsers read them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from epp.api.types import Criticality, InferenceModel, InferencePool, NamespacedName, PodObject, TargetModel
-from harness.builders import (
+from harness.cluster.builders import (
     HOLD_FINALIZER,
     STAND_IN_SCHEDULER,
     ModelBuilder,
@@ -181,8 +181,11 @@ def test_epp_parses_builder_objects() -> None:
 
 
 def test_builders_do_not_import_the_kubernetes_client() -> None:
-    code = "import sys, harness.builders; sys.exit(any(m.split('.')[0] == 'kubernetes' for m in sys.modules))"
+    code = (
+        "import sys, harness.cluster.builders; "
+        "sys.exit(any(m.split('.')[0] == 'kubernetes' for m in sys.modules))"
+    )
 
     result = subprocess.run([sys.executable, "-c", code], check=False, timeout=60)
 
-    assert result.returncode == 0, "harness.builders must stay free of kubernetes-client imports"
+    assert result.returncode == 0, "harness.cluster.builders must stay free of kubernetes-client imports"

@@ -1,7 +1,7 @@
 """A dict-backed ObjectReader and a tiny "world" that drives the real reconcilers with it.
 
 The fake is type-checked against the `ObjectReader` Protocol (STYLE habit 1); objects enter it as
-API JSON built with `harness.builders` and parsed with the same `from_api` the informers use.
+API JSON built with `harness.cluster.builders` and parsed with the same `from_api` the informers use.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from epp.api import InferenceModel, InferencePool, NamespacedName, ObjectReader, PodObject
 from epp.controller import ModelReconciler, PodReconciler, PoolReconciler
 from epp.datastore import Datastore, new_datastore
-from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
+from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder
 
 NS = "ns1"
 POOL = "pool"

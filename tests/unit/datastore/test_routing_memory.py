@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from epp.api import NamespacedName, PodObject
 from epp.datastore import Datastore, Dispatched, Metrics, new_datastore
-from harness.builders import PodBuilder
+from harness.cluster.builders import PodBuilder
 
 NS = "ns1"
 

@@ -9,7 +9,7 @@ import pytest
 
 from epp.api import InferenceModel, InferencePool, NamespacedName, PodObject
 from epp.datastore import Datastore, Metrics, new_datastore
-from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
+from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder
 
 NS = "ns1"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

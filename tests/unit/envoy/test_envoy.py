@@ -25,10 +25,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
-from harness.addresses import AddressPool
-from harness.binaries import envoy_path
-from harness.certs import TinyCA
-from harness.envoy import (
+from harness.base.addresses import AddressPool
+from harness.base.binaries import envoy_path
+from harness.base.eventually import eventually_async
+from harness.base.ports import reserve_port
+from harness.base.process import ProcessStartError
+from harness.cluster.certs import TinyCA
+from harness.dataplane.envoy import (
     DESTINATION_HEADER,
     Envoy,
     EnvoyOptions,
@@ -36,9 +39,6 @@ from harness.envoy import (
     bootstrap_json,
     build_bootstrap,
 )
-from harness.eventually import eventually_async
-from harness.ports import reserve_port
-from harness.process import ProcessStartError
 from harness.sim import SERVED_BY_HEADER, ModelServerSim, SimConfig
 
 pytestmark = pytest.mark.anyio

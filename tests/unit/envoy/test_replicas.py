@@ -9,9 +9,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from harness.binaries import envoy_path
-from harness.certs import TinyCA
-from harness.envoy import (
+from harness.base.binaries import envoy_path
+from harness.base.ports import reserve_port
+from harness.cluster.certs import TinyCA
+from harness.dataplane.envoy import (
     HEALTH_CHECK_MATCH,
     EnvoyOptions,
     ExtProcHealthCheck,
@@ -20,7 +21,6 @@ from harness.envoy import (
     bootstrap_json,
     build_bootstrap,
 )
-from harness.ports import reserve_port
 
 REPLICAS = [ExtProcReplica("127.0.0.1:9002", health_port=9003), ExtProcReplica("127.0.0.2:9002", 9003)]
 
@@ -95,10 +95,10 @@ def test_without_replica_options_nothing_changes(tmp_path: Path) -> None:
 
 
 def test_dynamic_endpoints_come_from_a_watched_file_and_tls_may_be_unverified(tmp_path: Path) -> None:
-    """What `harness.chart_install` uses: file-based EDS (rewritten as EPP pods come and go) and TLS
+    """What `harness.subject.chart_install` uses: file-based EDS (rewritten as EPP pods come and go) and TLS
     that trusts each replica's self-signed certificate, both accepted by Envoy's own validation."""
-    from harness.certs import UNVERIFIED_EXT_PROC_TLS
-    from harness.envoy import ext_proc_endpoints_json
+    from harness.cluster.certs import UNVERIFIED_EXT_PROC_TLS
+    from harness.dataplane.envoy import ext_proc_endpoints_json
 
     eds = tmp_path / "eds" / "ext_proc_endpoints.json"
     eds.parent.mkdir()

@@ -32,7 +32,7 @@ from epp.handlers import ExtProcServicer, PodScheduler
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.metrics import RequestMetrics
 from epp.scheduling import LLMRequest
-from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
+from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder
 
 DEST = "x-gateway-destination-endpoint"
 NS = "default"

@@ -10,7 +10,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.datastore import PodMetrics
 from epp.scheduling.prefix import block_hashes
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 from .support import Env, body, exchange, headers, serving
 

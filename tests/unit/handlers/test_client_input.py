@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 
 from epp.body import BodyScanner
 from epp.metrics import UNKNOWN_MODEL
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 from .support import DEST, Env, Exchange, body, exchange, headers, immediate, mutation, serving
 

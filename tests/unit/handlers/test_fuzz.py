@@ -1,5 +1,5 @@
 """Fuzzing the ext_proc servicer (CI profile): no crash, no 500 for client input, no destination outside
-the pool's ready pods, no state left behind. Strategies and properties: `harness.extproc_fuzz`.
+the pool's ready pods, no state left behind. Strategies and properties: `harness.stress.extproc_fuzz`.
 
 One real server on loopback for the whole run, once per transport (the EPP's own `epp.h2`, and
 grpc.aio), a grpc.aio channel to it, the real scheduler over three ready pods with fresh metrics,
@@ -31,8 +31,8 @@ from epp.h2 import GrpcServer, Limits
 from epp.handlers import ExtProcServicer, ExtProcStream
 from epp.metrics import UNKNOWN_MODEL, RequestMetrics
 from epp.scheduling import Scheduler
-from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
-from harness.extproc_fuzz import (
+from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder
+from harness.stress.extproc_fuzz import (
     FuzzCase,
     FuzzWorld,
     Message,

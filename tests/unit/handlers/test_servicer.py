@@ -13,7 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.errors import ResourceExhausted
 from epp.metrics import UNKNOWN_MODEL
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 from .support import (
     DEST,

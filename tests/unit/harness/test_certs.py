@@ -8,7 +8,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from harness import certs
+from harness.cluster import certs
 
 
 def _load(pem: bytes) -> x509.Certificate:

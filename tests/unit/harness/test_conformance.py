@@ -1,5 +1,5 @@
-"""The conformance plumbing without any EPP: markers and records (`harness.conformance_plugin`), the
-report's classification (`harness.conformance`), and the traffic oracle's bound and judgement."""
+"""The conformance plumbing without any EPP: markers and records (`harness.plugin.conformance`), the
+report's classification (`harness.cli.conformance`), and the traffic oracle's bound and judgement."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from harness.conformance import Row, classify, render
-from harness.foreign_epp import CONTROLLER_RUNTIME_METRICS_PORT, EppCommand
-from harness.traffic_oracle import _judge, requests_needed
+from harness.cli.conformance import Row, classify, render
+from harness.subject.foreign_epp import CONTROLLER_RUNTIME_METRICS_PORT, EppCommand
+from harness.verdicts.traffic_oracle import _judge, requests_needed
 
 INNER_TESTS = """
 import pytest
@@ -149,7 +149,7 @@ def test_a_module_that_does_not_import_is_recorded_as_an_error(pytester: pytest.
 
 FAILURES_OUTSIDE_THE_EPP = """
 import pytest
-from harness.stack import EVIDENCE_NOTE
+from harness.beds.stack import EVIDENCE_NOTE
 
 @pytest.mark.epp_agnostic
 @pytest.mark.departure("staleness")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness import crds, gobuild
+from harness.cluster import crds, gobuild
 
 CRD = b"""---
 apiVersion: apiextensions.k8s.io/v1

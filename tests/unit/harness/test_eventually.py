@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from harness.eventually import eventually, eventually_async
+from harness.base.eventually import eventually, eventually_async
 
 
 class Counter:

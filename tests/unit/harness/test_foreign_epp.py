@@ -1,4 +1,4 @@
-"""`harness.foreign_epp`: the command line an EPP gets, and readiness that means "Envoy can use it".
+"""`harness.subject.foreign_epp`: the command line an EPP gets, and readiness that means "Envoy can use it".
 
 A stand-in EPP (`fake_epp.py`) plays the cases that matter: health SERVING while nothing listens on
 ext_proc (upstream v0.3.0's start-up gap), a certificate other than the one handed over, health
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import go_binaries
-from harness.binaries import BinaryNotFoundError
-from harness.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
-from harness.ports import reserve_port
-from harness.process import ProcessStartError
+from harness.base.binaries import BinaryNotFoundError
+from harness.base.ports import reserve_port
+from harness.base.process import ProcessStartError
+from harness.cluster import go_binaries
+from harness.subject.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
 
 FAKE = str(Path(__file__).with_name("fake_epp.py"))
 
@@ -97,7 +97,7 @@ def test_the_upstream_epp_not_built_says_how_to_build_it(
     monkeypatch.setenv("EPP_HARNESS_CACHE", str(tmp_path))
     monkeypatch.delenv("TEST_ASSET_UPSTREAM_EPP", raising=False)
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
-    monkeypatch.setattr("harness.gobuild.DEFAULT_ASSETS_DIR", tmp_path / "none")
+    monkeypatch.setattr("harness.cluster.gobuild.DEFAULT_ASSETS_DIR", tmp_path / "none")
     with pytest.raises(BinaryNotFoundError, match=r"harness build --upstream-epp v0\.3\.0"):
         EppCommand.upstream()
     assert go_binaries.find_upstream_epp() is None

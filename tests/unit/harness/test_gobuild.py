@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import go_binaries, gobuild
-from harness.binaries import BinaryNotFoundError
-from harness.eventually import eventually
-from harness.gobuild import BuildContext, GoBinary, GoBuild, Resolved
+from harness.base.binaries import BinaryNotFoundError
+from harness.base.eventually import eventually
+from harness.cluster import go_binaries, gobuild
+from harness.cluster.gobuild import BuildContext, GoBinary, GoBuild, Resolved
 
 KK_GO_MOD = """\
 // This is a generated file. Do not edit directly.

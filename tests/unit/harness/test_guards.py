@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness import guards
+from harness.base import guards
 
 LEAKY_TESTS = """
 import asyncio, subprocess, tempfile, threading, time
 import pytest
-from harness.process import temp_prefix
+from harness.base.process import temp_prefix
 
 stop = threading.Event()
 

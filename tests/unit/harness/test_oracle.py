@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from harness.builders import ModelBuilder, PoolBuilder
-from harness.oracle import compare, expected_state, observed_state
+from harness.cluster.builders import ModelBuilder, PoolBuilder
+from harness.verdicts.oracle import compare, expected_state, observed_state
 
 NS = "ns1"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

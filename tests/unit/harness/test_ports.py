@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import ports
-from harness.ports import PortReservationError, claim_port, reserve_port
+from harness.base import ports
+from harness.base.ports import PortReservationError, claim_port, reserve_port
 
 
 def test_reserved_port_is_free_loopback_port(tmp_path: Path) -> None:

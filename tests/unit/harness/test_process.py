@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import guards
-from harness.eventually import eventually
-from harness.process import ChildProcesses, ManagedProcess, ProcessStartError, sweep_orphans
+from harness.base import guards
+from harness.base.eventually import eventually
+from harness.base.process import ChildProcesses, ManagedProcess, ProcessStartError, sweep_orphans
 
 IGNORE_SIGTERM = """
 import signal, time
@@ -221,7 +221,7 @@ def reserve_port_again(port: int) -> Iterator[None]:
     """Released: the same port's lock can be taken again."""
     import fcntl
 
-    from harness.ports import default_lock_dir
+    from harness.base.ports import default_lock_dir
 
     with open(default_lock_dir() / f"port-{port}.lock", "wb") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.settle import MODELS, PODS, POOLS, Scope, SettleBarrier, SettleUnsupported
+from harness.verdicts.settle import MODELS, PODS, POOLS, Scope, SettleBarrier, SettleUnsupported
 
 NS = "ns1"
 

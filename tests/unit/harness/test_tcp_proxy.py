@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.ports import LOOPBACK
-from harness.tcp_proxy import TcpProxy
+from harness.base.ports import LOOPBACK
+from harness.dataplane.tcp_proxy import TcpProxy
 
 TIMEOUT_S = 5.0
 

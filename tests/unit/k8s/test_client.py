@@ -10,7 +10,7 @@ import pytest
 
 from epp.k8s.client import INFERENCE_POOLS, PODS, KubeClient, WatchEvent
 from epp.k8s.errors import ApiError, GoneError, KubeConnectionError, WatchStalledError
-from harness.builders import PodBuilder, PoolBuilder
+from harness.cluster.builders import PodBuilder, PoolBuilder
 
 from .fake_apiserver import POD_PATH, POOL_PATH, FakeApiServer
 from .support import plain_config, run

@@ -13,8 +13,8 @@ import yaml
 from epp.k8s.client import PODS, KubeClient
 from epp.k8s.config import KubeConfig, load_config, load_incluster_config, load_kubeconfig
 from epp.k8s.errors import KubeConfigError
-from harness.builders import PodBuilder
-from harness.certs import CertKeyPair, TinyCA
+from harness.cluster.builders import PodBuilder
+from harness.cluster.certs import CertKeyPair, TinyCA
 
 from .fake_apiserver import POD_PATH, FakeApiServer
 from .support import run

@@ -15,8 +15,8 @@ from epp.datastore import Datastore, Metrics, PodMetrics, new_datastore
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import KubeClient
 from epp.k8s.controllers import Controllers
-from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
+from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder
 
 from .fake_apiserver import MODEL_PATH, POD_PATH, POOL_PATH, FakeApiServer
 from .support import WAIT, BlockingSleep, RecordingSleep, plain_config, run

@@ -14,8 +14,8 @@ from epp.api import NamespacedName, PodObject
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import PODS, KubeClient
 from epp.k8s.informer import DEFAULT_RECONNECT_BACKOFF, Informer, InformerEvent
-from harness.builders import PodBuilder
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
+from harness.cluster.builders import PodBuilder
 
 from .fake_apiserver import POD_PATH, FakeApiServer
 from .support import WAIT, RecordingSleep, plain_config, run

@@ -19,7 +19,7 @@ from epp.datastore import Datastore, new_datastore
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import KubeClient
 from epp.k8s.controllers import Controllers, Reconcile, Reconcilers, WatchProgress
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 from .fake_apiserver import POD_PATH, FakeApiServer
 from .support import WAIT, RecordingSleep, plain_config, run

@@ -20,8 +20,8 @@ from epp.k8s.client import PODS, KubeClient
 from epp.k8s.config import KubeConfig, TokenFile
 from epp.k8s.errors import KubeConnectionError
 from epp.k8s.informer import Informer
-from harness.builders import PodBuilder
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
+from harness.cluster.builders import PodBuilder
 
 from .fake_apiserver import POD_PATH, FakeApiServer
 from .support import WAIT, RecordingSleep, run

@@ -10,7 +10,7 @@ from epp.api.types import InferencePool, PodObject
 from epp.datastore import Datastore, Metrics, new_datastore
 from epp.metrics import PoolCollector, RequestMetrics
 from epp.metrics.pool import PoolView
-from harness.builders import PodBuilder, PoolBuilder
+from harness.cluster.builders import PodBuilder, PoolBuilder
 
 _typed: PoolView = new_datastore()
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from epp.k8s.config import load_config
-from harness import containerfile
-from harness.certs import TinyCA
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
+from harness.cluster.certs import TinyCA
+from harness.nodeagent import containerfile
 from harness.nodeagent.api import PodGone
 from harness.nodeagent.epp_image import AGENT_IMAGES, EppRuntime
 from harness.nodeagent.images import ContainerConfigError, LaunchContext

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from epp import config
-from harness import containerfile
+from harness.nodeagent import containerfile
 
 ROOT = Path(__file__).resolve().parents[3]
 

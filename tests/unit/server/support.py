@@ -14,7 +14,7 @@ from epp.config import ServerConfig
 from epp.datastore import Datastore
 from epp.k8s.controllers import WatchProgress
 from epp.server.runner import ControllersLike, Epp
-from harness.builders import ModelBuilder, PodBuilder, PoolBuilder
+from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder
 
 Seed = Callable[[Datastore], None]
 

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.server.runner import Epp
 from epp.server.supervisor import TaskFailed
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 from .support import LOOPBACK_CONFIG, make_epp
 

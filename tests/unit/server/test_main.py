@@ -13,7 +13,7 @@ import pytest
 
 from epp.__main__ import main
 from epp.server.event_loop import EventLoopUnavailable, loop_factory
-from harness.eventually import eventually
+from harness.base.eventually import eventually
 
 
 def test_missing_pool_name_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,8 +20,8 @@ from epp.datastore import Datastore, Metrics
 from epp.server.runner import READY_POLL_INTERVAL, Epp
 from epp.server.supervisor import TaskFailed
 from epp.server.tls import CERT_FILE, KEY_FILE, self_signed
-from harness.builders import PoolBuilder
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
+from harness.cluster.builders import PoolBuilder
 
 from .support import LOOPBACK_CONFIG, make_epp, seed_pool
 
@@ -163,7 +163,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
         async with make_epp(_seed_with_metrics, clock=lambda: 100.0) as epp:
             await epp.wait_ready()
             from epp.api.types import PodObject
-            from harness.builders import PodBuilder
+            from harness.cluster.builders import PodBuilder
 
             epp.datastore.pod_update_or_add(
                 PodObject.from_api(PodBuilder("pod-2").labels(app="vllm").ready("10.0.0.2").build())

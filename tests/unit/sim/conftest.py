@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.addresses import AddressPool
+from harness.base.addresses import AddressPool
 
 
 @pytest.fixture

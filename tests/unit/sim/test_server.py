@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 from harness.sim import SERVED_BY_HEADER, ModelServerSim, SimConfig, SimThread
 
 from .scrape import families, gauges, scrape

@@ -1,0 +1,97 @@
+"""Several EPP replicas behind one Envoy, as a Deployment with `replicas: N` looks to the gateway.
+
+DESIGN.md §4: replicas are active-active, each keeps its own datastore from the same watches, Envoy
+spreads ext_proc streams over them with health checks, and a replica drains (NOT_SERVING first) on
+SIGTERM. `EppReplicas` takes a running `Stack` (its pods, pool, models and first EPP), starts more
+EPP processes for the same pool with the same flags and certificate (`EppProcess.replica`), and an
+Envoy of its own whose ext_proc cluster lists every replica, checks each one's gRPC health port and
+retries a stream that could not start on another replica (`harness.dataplane.envoy.ExtProcHealthCheck`,
+`EnvoyOptions.ext_proc_retries`). The Stack's own Envoy is left alone. The fault tests and
+`benchmarks/bench_epp_faults.py` kill and drain replicas under load here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from harness.base.lifecycle import StartStop
+from harness.beds.stack import Stack
+from harness.dataplane.envoy import Envoy, ExtProcHealthCheck, ExtProcReplica
+from harness.subject.epp_process import EppProcess
+from harness.verdicts.observer import EppObserver
+from harness.verdicts.oracle import Verdict
+
+DEFAULT_HEALTH_CHECK = ExtProcHealthCheck(interval_s=0.5, timeout_s=1.0)
+
+
+class EppReplicas(StartStop):
+    """`count` EPP processes for the Stack's pool (the Stack's own EPP is replica 0) behind one Envoy."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        count: int = 2,
+        *,
+        health_check: ExtProcHealthCheck = DEFAULT_HEALTH_CHECK,
+        retries: int = 1,
+    ) -> None:
+        if stack.epp is None or stack.cluster is None:
+            raise RuntimeError("the Stack is not started")
+        if count < 1:
+            raise ValueError("at least one replica")
+        self.stack = stack
+        self.count = count
+        self.envoy_options = dataclasses.replace(
+            stack.options.envoy, ext_proc_health_check=health_check, ext_proc_retries=retries
+        )
+        self.replicas: list[EppProcess] = [stack.epp]
+        self.envoy: Envoy | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self) -> None:
+        first = self.replicas[0]
+        for _ in range(self.count - 1):
+            replica = first.replica()
+            self.replicas.append(replica)
+            replica.start()
+        for replica in self.replicas:
+            replica.wait_serving()
+        endpoints = [ExtProcReplica(r.ext_proc_address, r.health_port) for r in self.replicas]
+        self.envoy = Envoy(endpoints, options=self.envoy_options, ext_proc_tls=first.ext_proc_tls)
+        self.envoy.start()
+
+    def stop(self) -> None:
+        """Stop this Envoy and the replicas started here (the Stack stops its own EPP). Idempotent."""
+        try:
+            if self.envoy is not None:
+                self.envoy.stop()
+                self.envoy = None
+        finally:
+            extra, self.replicas = self.replicas[1:], self.replicas[:1]
+            for replica in extra:
+                replica.close()
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL of the Envoy in front of every replica."""
+        assert self.envoy is not None, "not started"
+        return f"{self.envoy.base_url}/v1"
+
+    def observer(self, index: int) -> EppObserver:
+        """The Stack's observation part, reading replica `index`'s datastore view."""
+        cluster = self.stack.cluster
+        assert cluster is not None, "the Stack is not started"
+        return EppObserver(
+            cluster.kube, cluster.namespace, cluster.pool_name, self.stack.settle_barrier,
+            self.replicas[index].datastore_view,
+        )  # fmt: skip
+
+    def verdict(self, index: int) -> Verdict:
+        """Replica `index`'s datastore against the API server (the consistency oracle)."""
+        return self.observer(index).verdict()
+
+    def settled(self, index: int, timeout: float = 15.0) -> dict[str, Any]:
+        """The settle barrier against replica `index`: it has applied every write the Stack made."""
+        return self.observer(index).settled(timeout)

@@ -1,0 +1,248 @@
+"""``harness bench routing``: the routing benchmark from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Final
+
+from harness.cli.bench import report
+from harness.cli.bench.policies import epp_variant
+from harness.cli.bench.runner import (
+    DEFAULT_LENGTH_SCALE,
+    DEFAULT_LOADS,
+    DEFAULT_SIM,
+    HEADLINE_LOAD,
+    BenchConfig,
+    BenchResult,
+    default_workload,
+    run_benchmark,
+)
+from harness.cli.bench.stats import RunResult, Slo
+from harness.cli.bench.workload import SharedPrefix
+from harness.cli.command import (
+    StartError,
+    interrupts_deferred,
+    no_children_left,
+    say,
+    signals_raise_interrupt,
+    start_control_plane,
+)
+from harness.cli.console import ProgressBar, console, print_table, progress_bar
+
+DEFAULT_OUT: Final = Path("bench-results")
+# The shared-prefix prompts are long (~450 tokens at the default length scale): a KV cache that holds
+# a few of them per pod, and about one pod's worth of the 16 groups' system prompts.
+SHARED_PREFIX_GPU_BLOCKS: Final = 256
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Benchmarks that print figures (nothing is asserted)."
+    kinds = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    routing = kinds.add_parser(
+        "routing",
+        help="EPP vs round robin, least-request, random, vllm-router, sglang-router and an oracle",
+        description=(
+            "Start a throw-away control plane, N simulated vLLM pods, the EPP behind Envoy, Envoy's own "
+            "load balancers, the peer routers (when installed) and an oracle; measure the pool's capacity; "
+            "replay the same request traces through every policy at each load; write a Markdown table, "
+            "a JSON file and a PNG plot, and print the ratios at 0.9x capacity."
+        ),
+    )
+    routing.add_argument("--pods", type=int, default=8, help="simulated pods (default 8)")
+    routing.add_argument(
+        "--loads",
+        type=_floats,
+        default=DEFAULT_LOADS,
+        help="loads as fractions of the measured capacity (default 0.5,0.8,0.9,1.0,1.2)",
+    )
+    routing.add_argument("--repeats", type=int, default=3, help="traces per load (default 3)")
+    routing.add_argument(
+        "--requests",
+        type=int,
+        default=BenchConfig.requests,
+        help=f"requests per trace (default {BenchConfig.requests})",
+    )
+    routing.add_argument(
+        "--policies",
+        type=lambda text: tuple(p for p in text.split(",") if p),
+        default=(),
+        help="comma-separated policies (default: all available): epp, envoy-round-robin, "
+        "envoy-least-request, envoy-random, oracle, vllm-router:{round_robin,power_of_two,cache_aware}, "
+        "sglang-router:{round_robin,cache_aware}",
+    )
+    routing.add_argument(
+        "--workload",
+        choices=("sharegpt", "shared-prefix"),
+        default="sharegpt",
+        help="ShareGPT-like lengths (default), or groups sharing a long system prompt",
+    )
+    routing.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    routing.add_argument(
+        "--length-scale",
+        type=float,
+        default=DEFAULT_LENGTH_SCALE,
+        help=f"multiplies prompt and output lengths (default {DEFAULT_LENGTH_SCALE:g})",
+    )
+    routing.add_argument(
+        "--time-scale",
+        type=float,
+        default=DEFAULT_SIM.time_scale,
+        help=f"wall seconds per simulated second (default {DEFAULT_SIM.time_scale:g})",
+    )
+    routing.add_argument("--slo-ttft", type=float, default=Slo().ttft_s, help="goodput TTFT limit, s")
+    routing.add_argument("--slo-itl", type=float, default=Slo().itl_s, help="goodput mean ITL limit, s")
+    routing.add_argument(
+        "--capacity-requests",
+        type=int,
+        default=BenchConfig.capacity_requests,
+        help=f"requests in the capacity probe's burst (default {BenchConfig.capacity_requests})",
+    )
+    routing.add_argument("--seed", type=int, default=1)
+    routing.add_argument(
+        "--epp-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra EPP flag (repeatable), e.g. --epp-arg=--scheduler=filter-tree",
+    )
+    routing.add_argument(
+        "--epp-variants",
+        type=lambda text: tuple(v for v in text.split(",") if v),
+        default=(),
+        metavar="V1,V2",
+        help="also run the EPP configured as each variant (an ablation): filter-tree, scorer, "
+        "no-<scorer> or only-<scorer> with scorer one of queue, kv_cache, prefix, lora, in_flight",
+    )
+    routing.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench-results)"
+    )
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected numbers like 0.5,0.9: {text!r}") from exc
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("loads must be positive")
+    return values
+
+
+def config_from(args: argparse.Namespace) -> BenchConfig:
+    """The benchmark's settings; ValueError for an unknown EPP variant."""
+    for variant in args.epp_variants:
+        epp_variant(variant)
+    shared = SharedPrefix() if args.workload == "shared-prefix" else None
+    workload = default_workload(arrival=args.arrival, length_scale=args.length_scale, shared_prefix=shared)
+    sim = replace(DEFAULT_SIM, time_scale=args.time_scale)
+    if shared is not None:
+        sim = replace(sim, num_gpu_blocks=SHARED_PREFIX_GPU_BLOCKS)
+    return BenchConfig(
+        pods=args.pods,
+        loads=tuple(args.loads),
+        repeats=args.repeats,
+        requests=args.requests,
+        policies=tuple(args.policies),
+        workload=workload,
+        sim=sim,
+        slo=Slo(ttft_s=args.slo_ttft, itl_s=args.slo_itl),
+        seed=args.seed,
+        capacity_requests=args.capacity_requests,
+        epp_args=tuple(args.epp_arg),
+        epp_variants=tuple(args.epp_variants),
+    )
+
+
+class _BarReporter:
+    """Phases as lines; runs as one progress bar with the last run's TTFT p90 beside it."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._bar: ProgressBar | None = None
+
+    def phase(self, message: str) -> None:
+        say(f"  {message}")
+
+    def planned(self, runs: int) -> None:
+        self._bar = self._stack.enter_context(progress_bar("runs", runs))
+
+    def run_done(self, run: RunResult) -> None:
+        if self._bar is not None:
+            self._bar.advance()
+            self._bar.note(last=f"{run.policy} @ {run.load:g}: TTFT p90 {report.ms(run.ttft['p90'])}")
+
+    def close(self) -> None:
+        self._bar = None
+        self._stack.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.benchmark != "routing":  # pragma: no cover - argparse restricts the choice
+        return 2
+    if args.pods < 1 or args.repeats < 1 or args.requests < 10 or args.capacity_requests < 20:
+        print("error: --pods, --repeats >= 1; --requests >= 10; --capacity-requests >= 20", file=sys.stderr)
+        return 2
+    if args.time_scale <= 0:
+        print("error: --time-scale must be positive", file=sys.stderr)
+        return 2
+    try:
+        config = config_from(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # sglang-router probes each worker with an HTTP/2 preface first (is it a gRPC server?); the
+    # simulators answer 400 as vLLM's HTTP/1 server would, and aiohttp would log a traceback each time.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+    began = time.monotonic()
+    status = 0
+    plane = None
+    reporter = _BarReporter()
+    with signals_raise_interrupt():
+        try:
+            plane = start_control_plane()
+            say(f"routing benchmark: {config.pods} pods, loads {', '.join(f'{x:g}' for x in config.loads)}")
+            result = run_benchmark(config, plane.access, reporter=reporter)
+            reporter.close()
+            paths = report.write(result, args.out)
+            _print_summary(result)
+            say(f"wrote {paths['markdown']}, {paths['json']} and {paths['plot']}")
+        except KeyboardInterrupt:
+            print("\ninterrupted; stopping everything", file=sys.stderr, flush=True)
+            status = 130
+        except (StartError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            status = 1
+        finally:
+            reporter.close()
+            with interrupts_deferred():
+                if plane is not None:
+                    plane.stop()
+    if not no_children_left():
+        return 1
+    if status == 0:
+        say(f"the benchmark took {time.monotonic() - began:.0f} s and left no process behind")
+    return status
+
+
+def _print_summary(result: BenchResult) -> None:
+    out = console()
+    for line in report.describe(result):
+        out.print(line)
+    loads = [HEADLINE_LOAD] if HEADLINE_LOAD in result.config.loads else list(result.config.loads)
+    at = ", ".join(f"{x:g}" for x in loads)
+    print_table(
+        f"Routing at {at}x capacity (median of {result.config.repeats} repeats)",
+        report.COLUMNS,
+        report.rows(result, loads),
+        out=out,
+    )
+    for ratio in report.ratios(result):
+        out.print(f"  {ratio.line()}")
+    for note in result.notes:
+        out.print(f"  note: {note}")

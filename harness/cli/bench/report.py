@@ -1,0 +1,321 @@
+"""What a benchmark run leaves behind: a Markdown table, a JSON file, PNG plots, and the ratios.
+
+The ratios are the point of the benchmark (issue targets, at the headline load of 0.9x capacity):
+EPP TTFT p90 over round robin's, over the best peer router's, over the oracle's; EPP goodput against
+every peer's. Each figure is the median over repeats; tables show the spread (min-max) of TTFT p90.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.cli.bench.runner import HEADLINE_LOAD, BenchResult
+from harness.cli.bench.stats import Spread
+from harness.cli.console import Column
+
+EPP = "epp"
+ROUND_ROBIN = "envoy-round-robin"
+LEAST_REQUEST = "envoy-least-request"
+ORACLE = "oracle"
+PEER_PREFIXES = ("vllm-router:", "sglang-router:")
+CACHE_AWARE = ("vllm-router:cache_aware", "sglang-router:cache_aware")
+
+COLUMNS = (
+    Column("load"),
+    Column("policy", "left"),
+    Column("TTFT p50"),
+    Column("TTFT p90 (min-max)"),
+    Column("TTFT p99"),
+    Column("server TTFT p90"),
+    Column("ITL p50"),
+    Column("ITL p90"),
+    Column("ITL p99"),
+    Column("E2E p50"),
+    Column("E2E p90"),
+    Column("E2E p99"),
+    Column("req/s"),
+    Column("tok/s"),
+    Column("goodput"),
+    Column("shed"),
+    Column("errors"),
+    Column("imbalance"),
+    Column("prefix hits"),
+    Column("path"),
+    Column("CPU lag"),
+)
+
+
+def ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value * 1000:.0f} ms" if value < 10 else f"{value:.1f} s"
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{100 * value:.1f}%"
+
+
+def _num(value: float, spec: str = ".1f") -> str:
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+def rows(result: BenchResult, loads: Sequence[float] | None = None) -> list[list[str]]:
+    table = result.aggregated()
+    out = []
+    for load in loads if loads is not None else result.config.loads:
+        for policy in result.policies:
+            agg = table.get((policy, load))
+            if agg is None:
+                continue
+            p90: Spread = agg["ttft_p90"]
+            out.append(
+                [
+                    f"{load:g}",
+                    policy,
+                    ms(agg["ttft_p50"].median),
+                    f"{ms(p90.median)} ({ms(p90.low)}-{ms(p90.high)})",
+                    ms(agg["ttft_p99"].median),
+                    ms(agg["server_ttft_p90"].median),
+                    ms(agg["itl_p50"].median),
+                    ms(agg["itl_p90"].median),
+                    ms(agg["itl_p99"].median),
+                    ms(agg["e2e_p50"].median),
+                    ms(agg["e2e_p90"].median),
+                    ms(agg["e2e_p99"].median),
+                    _num(agg["throughput_rps"].median),
+                    _num(agg["output_tps"].median, ".0f"),
+                    _num(agg["goodput_rps"].median),
+                    _pct(agg["shed_rate"].median),
+                    _pct(agg["error_rate"].median),
+                    _num(agg["imbalance"].median, ".2f"),
+                    _pct(agg["prefix_hit_rate"].median),
+                    ms(agg["path_overhead"].median),
+                    _pct(agg["lag"].median),
+                ]
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class Ratio:
+    name: str
+    value: float  # EPP's figure over the other's (for goodput: EPP's over the other's)
+    against: str
+    target: str
+    holds: bool | None  # None when the other policy did not run
+
+    def line(self) -> str:
+        if self.holds is None:
+            return f"{self.name}: n/a ({self.against} did not run)"
+        verdict = "holds" if self.holds else "MISSED"
+        return f"{self.name}: {self.value:.2f} against {self.against} (target {self.target}: {verdict})"
+
+
+def ratios(result: BenchResult, load: float = HEADLINE_LOAD) -> list[Ratio]:
+    table = result.aggregated()
+
+    def p90(policy: str) -> float | None:
+        agg = table.get((policy, load))
+        return None if agg is None else float(agg["ttft_p90"].median)
+
+    def goodput(policy: str) -> float | None:
+        agg = table.get((policy, load))
+        return None if agg is None else float(agg["goodput_rps"].median)
+
+    epp = p90(EPP)
+    if epp is None:
+        return []
+    out: list[Ratio] = []
+    rr = p90(ROUND_ROBIN)
+    out.append(_ratio("EPP / round robin, TTFT p90", epp, rr, ROUND_ROBIN, "<= 0.5", lambda v: v <= 0.5))
+    peers = [p for p in result.policies if p.startswith(PEER_PREFIXES)]
+    peer_p90 = {p: v for p in peers if (v := p90(p)) is not None}
+    if peer_p90:
+        best = min(peer_p90, key=lambda p: peer_p90[p])
+        out.append(
+            _ratio("EPP / best peer, TTFT p90", epp, peer_p90[best], best, "<= 1.0", lambda v: v <= 1.0)
+        )
+    else:
+        out.append(Ratio("EPP / best peer, TTFT p90", math.nan, "the peer routers", "<= 1.0", None))
+    lr = p90("envoy-least-request")
+    out.append(
+        _ratio(
+            "EPP / Envoy least-request, TTFT p90",
+            epp,
+            lr,
+            "envoy-least-request",
+            "<= 1.0",
+            lambda v: v <= 1.0,
+        )
+    )
+    out.append(_ratio("EPP / oracle, TTFT p90", epp, p90(ORACLE), ORACLE, "<= 1.2", lambda v: v <= 1.2))
+    epp_good = goodput(EPP)
+    peer_good = {p: v for p in peers if (v := goodput(p)) is not None}
+    if epp_good is not None and peer_good:
+        best = max(peer_good, key=lambda p: peer_good[p])
+        out.append(
+            _ratio("EPP / best peer, goodput", epp_good, peer_good[best], best, ">= 1.0", lambda v: v >= 1.0)
+        )
+    cache_aware = {p: v for p in CACHE_AWARE if (v := p90(p)) is not None}
+    if cache_aware:
+        best = min(cache_aware, key=lambda p: cache_aware[p])
+        out.append(
+            _ratio(
+                "EPP / best cache-aware peer, TTFT p90",
+                epp,
+                cache_aware[best],
+                best,
+                "<= 1.0 (shared-prefix workload)",
+                lambda v: v <= 1.0,
+            )
+        )
+    return out
+
+
+def _ratio(name: str, mine: float, other: float | None, against: str, target: str, ok: Any) -> Ratio:
+    if other is None or math.isnan(other) or other <= 0 or math.isnan(mine):
+        return Ratio(name, math.nan, against, target, None)
+    value = mine / other
+    return Ratio(name, value, against, target, bool(ok(value)))
+
+
+def describe(result: BenchResult) -> list[str]:
+    c = result.config
+    w, s = c.workload, c.sim
+    shape = "shared-prefix" if w.shared_prefix is not None else "ShareGPT-like"
+    return [
+        f"{c.pods} simulated pods: {s.model}, max_num_seqs {s.max_num_seqs}, {s.num_gpu_blocks} KV blocks of "
+        f"{s.block_size} tokens, {s.max_loras} LoRA slots for {len(s.lora_adapters)} adapters, "
+        f"time scale {s.time_scale:g}",
+        f"workload: {shape}, {w.arrival} arrivals, lengths x{w.length_scale:g}, adapters Zipf s={w.zipf_s:g} "
+        f"({w.base_share:.0%} base model), criticality "
+        + ", ".join(f"{name} {share:.0%}" for name, share in w.criticality_mix),
+        f"capacity measured: {result.capacity_rps:.1f} requests per simulated second; loads "
+        + ", ".join(f"{x:g}" for x in c.loads)
+        + f"; {c.repeats} repeats of {c.requests} requests; SLO TTFT <= {ms(c.slo.ttft_s)}, "
+        f"mean ITL <= {ms(c.slo.itl_s)}",
+        f"all times in simulated seconds; the run took {result.wall_s:.0f} s",
+    ]
+
+
+def by_load_table(result: BenchResult, figure: str = "ttft_p90") -> list[str]:
+    """Markdown lines: one row per policy, one column per load, the median of ``figure``."""
+    table = result.aggregated()
+    loads = result.config.loads
+    lines = ["| policy | " + " | ".join(f"{load:g}" for load in loads) + " |"]
+    lines.append("|---|" + "---:|" * len(loads))
+    for policy in result.policies:
+        cells = [
+            ms(table[(policy, load)][figure].median) if (policy, load) in table else "-" for load in loads
+        ]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(result: BenchResult) -> str:
+    lines = ["# Routing benchmark", ""]
+    lines += [f"- {line}" for line in describe(result)]
+    lines.append("")
+    if len(result.config.loads) > 1:
+        lines.append("TTFT p90 (median of repeats) by load:")
+        lines.append("")
+        lines += by_load_table(result)
+        lines.append("")
+    header = [c.header for c in COLUMNS]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join("---:" if c.justify == "right" else "---" for c in COLUMNS) + "|")
+    for row in rows(result):
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    found = ratios(result)
+    if found:
+        lines.append(f"Ratios at {HEADLINE_LOAD:g}x capacity (median of repeats):")
+        lines.append("")
+        lines += [f"- {r.line()}" for r in found]
+        lines.append("")
+    if result.notes:
+        lines.append("Notes:")
+        lines.append("")
+        lines += [f"- {note}" for note in result.notes]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def to_json(result: BenchResult) -> dict[str, Any]:
+    c = result.config
+    aggregated = [
+        {"policy": policy, "load": load, **{name: s.to_json() for name, s in agg.items()}}
+        for (policy, load), agg in sorted(result.aggregated().items())
+    ]
+    return {
+        "config": {
+            "pods": c.pods,
+            "loads": list(c.loads),
+            "repeats": c.repeats,
+            "requests": c.requests,
+            "seed": c.seed,
+            "slo": asdict(c.slo),
+            "sim": asdict(c.sim),
+            "workload": asdict(c.workload),
+            "epp_args": list(c.epp_args),
+        },
+        "capacity_rps": result.capacity_rps,
+        "policies": result.policies,
+        "notes": result.notes,
+        "wall_s": result.wall_s,
+        "ratios": [asdict(r) for r in ratios(result)],
+        "aggregated": aggregated,
+        "runs": [r.to_json() for r in result.runs],
+    }
+
+
+def plot(result: BenchResult, path: Path) -> None:
+    """TTFT p90 and goodput against load, one line per policy, min-max bars over repeats."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = result.aggregated()
+    fig, (ttft_ax, good_ax) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=80)
+    for policy in result.policies:
+        loads = [load for load in result.config.loads if (policy, load) in table]
+        if not loads:
+            continue
+        style = {"linewidth": 2.6, "color": "black"} if policy == EPP else {"linewidth": 1.2}
+        for ax, name, factor in ((ttft_ax, "ttft_p90", 1000.0), (good_ax, "goodput_rps", 1.0)):
+            spreads = [table[(policy, load)][name] for load in loads]
+            medians = [s.median * factor for s in spreads]
+            errors = [
+                [max(0.0, (s.median - s.low) * factor) for s in spreads],
+                [max(0.0, (s.high - s.median) * factor) for s in spreads],
+            ]
+            ax.errorbar(
+                loads, medians, yerr=errors, marker="o", markersize=3, capsize=2, label=policy, **style
+            )
+    ttft_ax.set_yscale("log")
+    ttft_ax.set_title("TTFT p90 (simulated ms, log)")
+    good_ax.set_title("goodput (requests/s within the SLO)")
+    for ax in (ttft_ax, good_ax):
+        ax.set_xlabel("load (fraction of measured capacity)")
+        ax.grid(True, alpha=0.3)
+    good_ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write(result: BenchResult, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "markdown": out_dir / "routing.md",
+        "json": out_dir / "routing.json",
+        "plot": out_dir / "routing.png",
+    }
+    paths["markdown"].write_text(markdown(result))
+    paths["json"].write_text(json.dumps(to_json(result), indent=1, allow_nan=True))
+    plot(result, paths["plot"])
+    return paths

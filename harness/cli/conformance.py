@@ -1,0 +1,182 @@
+"""``harness conformance``: the EPP-agnostic scenarios against any EPP command line, as one table.
+
+It runs the project's own test suite, restricted to the tests marked ``epp_agnostic``, with
+``--epp-command`` (`harness.plugin.conformance`), reads back the per-test records the plugin writes
+(``--conformance-json``) and prints, per scenario, one of:
+
+* ``pass``;
+* ``differs by design: <departure>`` — the test checks one of our deliberate departures from
+  upstream (``@pytest.mark.departure``) and this EPP behaves otherwise;
+* ``upstream bug: <name>`` — the test checks behaviour a known upstream bug breaks
+  (``@pytest.mark.upstream_bug``) and this EPP shows it;
+* ``FAIL`` — anything else; its evidence follows the table (what was sent through Envoy, what came
+  back, which pod got each request, and what the traffic oracle saw).
+
+Exit 0 when no scenario is ``FAIL`` (differences by design and known upstream bugs are expected),
+1 otherwise, or pytest's own exit code when the run itself broke (2-5).
+
+Parallelism: ``-n 2`` by default. An EPP that always binds a fixed port (upstream v0.3.0's
+controller-runtime metrics server binds ``:8080`` on every address) runs one instance at a time per
+host whatever ``-n`` says: the Stacks take turns on that port (`harness.base.ports.claim_port`), the
+rest of each scenario (pods, Envoy, requests) still overlaps. A private loopback address per
+instance cannot help there (``:8080`` is a wildcard bind), and a private network namespace would cut
+the EPP off from the API server and the simulators on the host's loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+from harness.cli.console import Column, console, table
+from harness.cluster import go_binaries
+from harness.verdicts import departures
+
+HELP = "run the EPP-agnostic scenarios against any EPP command line and print a conformance table"
+REPO: Final = Path(__file__).resolve().parents[2]
+WHAT_HAPPENED_CHARS: Final = 150
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--epp-command",
+        metavar="CMD",
+        help="the EPP to test: a command line taking upstream's flag names (quoted), or 'ours'",
+    )
+    which.add_argument(
+        "--upstream",
+        metavar="VERSION",
+        nargs="?",
+        const=f"v{go_binaries.UPSTREAM_EPP_VERSION}",
+        help=f"upstream's Go EPP (default v{go_binaries.UPSTREAM_EPP_VERSION}), as built by "
+        "`harness build --upstream-epp VERSION`",
+    )
+    parser.add_argument(
+        "--epp-fixed-ports",
+        metavar="PORTS",
+        help="comma list of ports --epp-command binds whatever its flags say (default 8080; '' for none)",
+    )
+    parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
+    parser.add_argument("-k", dest="keyword", help="only scenarios matching this pytest -k expression")
+    parser.add_argument("--json", type=Path, help="also keep the per-scenario records (JSON) here")
+
+
+def run(args: argparse.Namespace) -> int:
+    tests = REPO / "tests"
+    if not tests.is_dir():
+        print(f"harness conformance: the test suite is not next to the harness ({tests})", file=sys.stderr)
+        return 2
+    if args.upstream is not None:
+        version = str(args.upstream).removeprefix("v")
+        if go_binaries.find_upstream_epp(version) is None:
+            print(
+                f"harness conformance: upstream EPP v{version} is not built: run "
+                f"`harness build --upstream-epp v{version}` (about 4 minutes)",
+                file=sys.stderr,
+            )
+            return 2
+        command = f"upstream:{version}"
+    else:
+        command = str(args.epp_command)
+    with tempfile.TemporaryDirectory(prefix="epp-conformance-") as scratch:
+        records_path = args.json or Path(scratch) / "conformance.json"
+        argv = [
+            sys.executable, "-m", "pytest", str(tests), "-m", departures.EPP_AGNOSTIC,
+            "-p", "no:randomly", "-q", "--no-header", "-rN", "--tb=no",
+            f"--epp-command={command}", f"--conformance-json={records_path}",
+            *(["-n", str(args.workers)] if args.workers > 0 else []),
+            *(["-k", args.keyword] if args.keyword else []),
+            *([f"--epp-fixed-ports={args.epp_fixed_ports}"] if args.epp_fixed_ports is not None else []),
+        ]  # fmt: skip
+        print(f"running the EPP-agnostic scenarios against {command!r} ...", flush=True)
+        returncode = subprocess.run(argv, cwd=REPO, check=False).returncode
+        if returncode not in (0, 1) or not records_path.exists():
+            print(f"harness conformance: pytest exited {returncode} without a complete run", file=sys.stderr)
+            return returncode or 1
+        document = json.loads(records_path.read_text())
+    rows = [Row.from_record(record) for record in document["tests"]]
+    render(command, rows)
+    return 1 if any(row.result == "FAIL" for row in rows) else 0
+
+
+@dataclass(frozen=True)
+class Row:
+    scenario: str
+    result: str
+    what_happened: str
+    evidence: str
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Row:
+        return cls(
+            scenario_name(str(record["nodeid"])), classify(record), first_line(record), record["evidence"]
+        )
+
+
+def classify(record: Mapping[str, Any]) -> str:
+    """pass / skipped / differs by design: <departure> / upstream bug: <name> / FAIL."""
+    outcome = record["outcome"]
+    if outcome == "passed":
+        return "pass"
+    if outcome == "skipped":
+        return "skipped"
+    if outcome != "failed" or record.get("stack_start_failed"):
+        return "FAIL"  # an error setting up a scenario is never a behaviour difference
+    if record.get("departure"):
+        return f"differs by design: {record['departure']}"
+    if record.get("upstream_bug"):
+        return f"upstream bug: {record['upstream_bug']}"
+    return "FAIL"
+
+
+def scenario_name(nodeid: str) -> str:
+    """``tests/e2e/test_x.py::test_y[p]`` -> ``test_x::test_y[p]``."""
+    path, _, rest = nodeid.partition("::")
+    return f"{Path(path).stem}::{rest}" if rest else Path(path).stem
+
+
+def first_line(record: Mapping[str, Any]) -> str:
+    if record["outcome"] == "passed":
+        return ""
+    text = " ".join(str(record.get("message") or "").split())
+    return text if len(text) <= WHAT_HAPPENED_CHARS else text[: WHAT_HAPPENED_CHARS - 1] + "…"
+
+
+def render(command: str, rows: Sequence[Row], out: TextIO | None = None) -> None:
+    target = console(out)
+    counts: dict[str, int] = {}
+    for row in rows:
+        key = row.result.split(":")[0]
+        counts[key] = counts.get(key, 0) + 1
+    summary = ", ".join(f"{n} {key}" for key, n in sorted(counts.items()))
+    columns = [Column("scenario", "left"), Column("result", "left"), Column("what happened", "left")]
+    target.print(
+        table(
+            f"EPP conformance: {command}",
+            columns,
+            [(row.scenario, row.result, row.what_happened) for row in rows],
+            caption=summary,
+        )
+    )
+    bugs = sorted(
+        {row.result.removeprefix("upstream bug: ") for row in rows if row.result.startswith("upstream")}
+    )
+    if bugs:
+        target.print(
+            "known upstream bugs shown: " + "; ".join(f"{b} ({departures.UPSTREAM_BUGS[b]})" for b in bugs)
+        )
+    for row in rows:
+        if row.result == "FAIL":
+            target.print(f"\n--- evidence: {row.scenario}", markup=False)
+            target.print(row.what_happened, markup=False)
+            target.print(
+                row.evidence or "(no Stack evidence: the failure happened outside one)", markup=False
+            )

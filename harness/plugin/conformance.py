@@ -1,0 +1,215 @@
+"""pytest wiring for "any EPP under test" (entry point ``pytest11: harness_conformance``).
+
+* ``--epp-command CMD`` (or ``$EPP_HARNESS_EPP_COMMAND``): the e2e Stacks run this EPP instead of ours
+  (`harness.beds.stack.StackOptions.epp_command`). ``CMD`` is a shell-style command line that takes
+  upstream's flag names (``/opt/epp -zap-devel``), or ``ours`` (our EPP through the same launcher),
+  or ``upstream`` / ``upstream:v0.3.0`` (the binary of ``harness build --upstream-epp``). A command
+  line of unknown provenance is assumed to bind controller-runtime's ``:8080`` as upstream's does
+  (``harness.subject.foreign_epp.CONTROLLER_RUNTIME_METRICS_PORT``), so two never run at once on a host;
+  ``--epp-fixed-ports=`` (empty) or a comma list says otherwise.
+  With an EPP command, only tests marked ``epp_agnostic`` run: the rest read our EPP's datastore
+  view or pass our flags, and are skipped saying so.
+* The markers of `harness.verdicts.departures` (``epp_agnostic``, ``departure(name)``, ``upstream_bug(name)``)
+  are registered here; an unknown name fails the run.
+* Evidence: when a test that holds a Stack fails, the report gets a section ``conformance evidence``
+  (`harness.beds.stack.Stack.evidence`: the last requests through Envoy and the pods that got them).
+* ``--conformance-json PATH`` writes one record per test (outcome, markers, message, evidence) for
+  ``harness conformance`` to render; under xdist the controller collects and writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from harness.subject.foreign_epp import CONTROLLER_RUNTIME_METRICS_PORT, EppCommand
+from harness.verdicts import departures
+
+EPP_COMMAND_ENV: Final = "EPP_HARNESS_EPP_COMMAND"
+_PROPERTY: Final = "conformance"
+_MESSAGE_CHARS: Final = 600
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness-conformance", "any EPP under test")
+    group.addoption(
+        "--epp-command",
+        default=None,
+        help="run the e2e Stacks with this EPP command line (upstream flag names), 'ours', or "
+        f"'upstream[:vX.Y.Z]'; only epp_agnostic tests run (env {EPP_COMMAND_ENV})",
+    )
+    group.addoption(
+        "--epp-fixed-ports",
+        default=None,
+        help="comma list of ports the --epp-command binds whatever its flags say "
+        f"(default {CONTROLLER_RUNTIME_METRICS_PORT}; empty for none)",
+    )
+    group.addoption("--conformance-json", default=None, help="write each test's conformance record here")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{departures.EPP_AGNOSTIC}: drives the system only through Envoy and the API server: runs "
+        "against any EPP (--epp-command)",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{departures.DEPARTURE}(name): checks a deliberate departure from upstream "
+        f"(one of {', '.join(departures.DEPARTURES)})",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{departures.UPSTREAM_BUG}(name): checks behaviour a known upstream bug breaks "
+        f"(one of {', '.join(departures.UPSTREAM_BUGS)})",
+    )
+    path = config.getoption("conformance_json")
+    if path and getattr(config, "workerinput", None) is None:
+        config.pluginmanager.register(_Recorder(config, Path(path)), "harness-conformance-recorder")
+
+
+def command_text(config: pytest.Config) -> str | None:
+    text = config.getoption("epp_command") or os.environ.get(EPP_COMMAND_ENV) or None
+    return str(text) if text else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for kind, catalogue in (
+            (departures.DEPARTURE, departures.DEPARTURES),
+            (departures.UPSTREAM_BUG, departures.UPSTREAM_BUGS),
+        ):
+            for marker in item.iter_markers(kind):
+                if len(marker.args) != 1 or marker.args[0] not in catalogue:
+                    raise pytest.UsageError(
+                        f"{item.nodeid}: @pytest.mark.{kind}{marker.args!r}: name one of {sorted(catalogue)}"
+                    )
+    if command_text(config) is None:
+        return
+    skip = pytest.mark.skip(
+        reason="not EPP-agnostic (reads our datastore view or passes our flags): skipped with --epp-command"
+    )
+    for item in items:
+        if item.get_closest_marker(departures.EPP_AGNOSTIC) is None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def epp_command(pytestconfig: pytest.Config) -> EppCommand | None:
+    """The EPP the e2e Stacks run (``--epp-command``), or None for ours as `EppProcess` runs it."""
+    text = command_text(pytestconfig)
+    if text is None:
+        return None
+    from harness.base.binaries import BinaryNotFoundError
+
+    try:
+        return EppCommand.from_text(text, pytestconfig.getoption("epp_fixed_ports"))
+    except BinaryNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+def _marker_name(item: pytest.Item, kind: str) -> str | None:
+    marker = item.get_closest_marker(kind)
+    return str(marker.args[0]) if marker is not None and marker.args else None
+
+
+def _start_notes(error: BaseException | None) -> list[str]:
+    """What a Stack that failed to start noted on its error (``Stack._on_failed_start``)."""
+    stack_module = sys.modules.get("harness.beds.stack")
+    if stack_module is None:
+        return []
+    notes = getattr(error, "__notes__", None) or []
+    return [str(note) for note in notes if str(note).startswith(stack_module.EVIDENCE_NOTE)]
+
+
+def _evidence(item: pytest.Item, error: BaseException | None) -> str:
+    stack_module = sys.modules.get("harness.beds.stack")
+    if stack_module is None:
+        return ""
+    started = _start_notes(error)
+    if started:  # a Stack that failed to start noted what it had seen before it stopped
+        return "\n".join(note.split("\n", 1)[-1] for note in started)
+    funcargs: dict[str, Any] = getattr(item, "funcargs", {})
+    stacks = {id(v): v for v in funcargs.values() if isinstance(v, stack_module.Stack)}
+    stacks.update({id(s): s for s in item.stash.get(STARTED_STACKS, [])})
+    parts = []
+    for stack in stacks.values():
+        try:
+            parts.append(stack.evidence())
+        except Exception as exc:  # evidence is best effort: never mask the test's own failure
+            parts.append(f"(evidence unavailable: {type(exc).__name__}: {exc})")
+    return "\n".join(parts)
+
+
+STARTED_STACKS = pytest.StashKey[list[Any]]()
+"""Stacks a test started through ``stack_factory`` (the fixture records them for the evidence)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    error = call.excinfo.value if call.excinfo is not None else None
+    evidence = _evidence(item, error) if report.failed and call.when in ("setup", "call") else ""
+    if evidence:
+        report.sections.append(("conformance evidence", evidence))
+    message = ""
+    if call.excinfo is not None:
+        message = call.excinfo.exconly()[:_MESSAGE_CHARS]
+    record = {
+        "agnostic": item.get_closest_marker(departures.EPP_AGNOSTIC) is not None,
+        "departure": _marker_name(item, departures.DEPARTURE),
+        "upstream_bug": _marker_name(item, departures.UPSTREAM_BUG),
+        "message": message,
+        "evidence": evidence,
+        # A Stack that never started is no behaviour of the EPP's to call a departure.
+        "stack_start_failed": bool(_start_notes(error)),
+    }
+    report.user_properties.append((_PROPERTY, json.dumps(record)))
+
+
+class _Recorder:
+    """The run's owner (not an xdist worker): one record per test, written at the end of the session."""
+
+    def __init__(self, config: pytest.Config, path: Path) -> None:
+        self._config = config
+        self._path = path
+        self._records: dict[str, dict[str, Any]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = dict(report.user_properties)
+        if _PROPERTY not in props:
+            return
+        record = json.loads(str(props[_PROPERTY]))
+        entry = self._records.get(report.nodeid)
+        if report.skipped and isinstance(report.longrepr, tuple):
+            record["message"] = str(report.longrepr[2])
+        if report.when == "setup":
+            if not report.passed:
+                outcome = "skipped" if report.skipped else "error"
+                self._records[report.nodeid] = {"nodeid": report.nodeid, "outcome": outcome, **record}
+        elif report.when == "call":
+            self._records[report.nodeid] = {"nodeid": report.nodeid, "outcome": report.outcome, **record}
+        elif report.failed and entry is not None and entry["outcome"] == "passed":
+            entry.update(outcome="error", message=record["message"] or "teardown failed")
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A module that does not even import is a failure of every scenario in it: say so."""
+        if report.failed:
+            message = str(report.longrepr).strip().splitlines()[-1:] or ["collection failed"]
+            self._records[report.nodeid] = {
+                "nodeid": report.nodeid, "outcome": "error", "agnostic": True, "departure": None,
+                "upstream_bug": None, "message": f"collection failed: {message[0]}"[:_MESSAGE_CHARS],
+                "evidence": "", "stack_start_failed": False,
+            }  # fmt: skip
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        records = sorted(self._records.values(), key=lambda r: str(r["nodeid"]))
+        document = {"epp_command": command_text(self._config), "tests": records}
+        self._path.write_text(json.dumps(document, indent=1))

@@ -1,0 +1,322 @@
+"""pytest wiring for the harness (entry point ``pytest11: harness``). Thin: behaviour lives in the library.
+
+Control plane sharing (STYLE habit 14). One full control plane per run, started lazily by the first
+test that needs it (unit-only runs never start anything), stopped by the process that started it:
+
+* Without xdist, the test process starts it and stops it in ``pytest_unconfigure``.
+* Under xdist the *controller* owns it: a worker asks the controller for it over a Unix socket in
+  the run directory (handed to workers through ``workerinput``); the controller starts it once, as
+  its own child, answers every worker with the same access, and stops it in ``pytest_unconfigure``
+  after all workers have exited. The plane's processes are children of the process that stops and
+  reaps them, so no worker exits with running children (Python would warn "subprocess ... is still
+  running" for each), and no refcount can go wrong when a worker crashes.
+* ``--kubeconfig PATH`` / ``HARNESS_KUBECONFIG`` uses an existing cluster instead (CRDs are applied
+  to it, idempotently, since the tests need them).
+
+The autouse leak guard snapshots after all higher-scoped fixtures are set up (pytest orders fixtures
+by scope) and checks after the test's function-scoped fixtures are torn down, so only what the test
+and its own fixtures left behind is blamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import socketserver
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final
+
+import pytest
+
+from harness.base import guards
+from harness.base.process import sweep_orphans, temp_prefix
+from harness.cluster.controlplane import ClusterAccess, ControlPlane
+from harness.cluster.namespaces import TEST_LABEL, create_namespace, namespace_name
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+__all__ = ["namespace_name"]  # re-exported: fixtures elsewhere name their namespaces with it
+
+KUBECONFIG_ENV: Final = "HARNESS_KUBECONFIG"
+ALLOW_LEAKS_MARKER: Final = "harness_allow_leaks"
+_WORKERINPUT_KEY: Final = "epp_harness_plane_socket"
+_SOCKET_NAME: Final = "controlplane.sock"
+_REQUEST_TIMEOUT: Final = 1800.0  # the first request may include building the binaries
+_RUN_DIR = pytest.StashKey[Path]()
+_OWNS_RUN_DIR = pytest.StashKey[bool]()
+_PLANE_SOURCE = pytest.StashKey["_PlaneSource"]()
+_SERVER = pytest.StashKey["_PlaneServer"]()
+_PREVIOUS_SIGTERM = pytest.StashKey[Any]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "hermetic control plane")
+    group.addoption(
+        "--kubeconfig",
+        default=None,
+        help=f"use the cluster of this kubeconfig instead of starting a control plane (env {KUBECONFIG_ENV})",
+    )
+    group.addoption(
+        "--crd-release",
+        default=None,
+        help="install the CRDs of this sigs.k8s.io/gateway-api-inference-extension release "
+        "(default: $EPP_HARNESS_CRD_RELEASE, else the pinned one)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{ALLOW_LEAKS_MARKER}: do not run the harness leak guard on this test"
+    )
+    release = config.getoption("crd_release")
+    workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if workerinput is not None and _WORKERINPUT_KEY in workerinput:
+        config.stash[_OWNS_RUN_DIR] = False
+        config.stash[_PLANE_SOURCE] = _PlaneSource(_ask_controller(Path(workerinput[_WORKERINPUT_KEY])))
+        return
+    sweep_orphans()
+    config.stash[_RUN_DIR] = Path(tempfile.mkdtemp(prefix=temp_prefix("run")))
+    config.stash[_OWNS_RUN_DIR] = True
+    local = _LocalPlane(release)
+    config.stash[_PLANE_SOURCE] = _PlaneSource(local.access, local)
+    _stop_on_sigterm(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: serve the shared control plane to this worker (the server starts once)."""
+    config: pytest.Config = node.config
+    server = config.stash.get(_SERVER, None)
+    if server is None:
+        source = config.stash[_PLANE_SOURCE]
+        server = _PlaneServer(config.stash[_RUN_DIR] / _SOCKET_NAME, source)
+        config.stash[_SERVER] = server
+    node.workerinput[_WORKERINPUT_KEY] = str(server.path)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run's owner stops the shared control plane (workers have all exited by now)."""
+    if not config.stash.get(_OWNS_RUN_DIR, False):
+        return
+    try:
+        server = config.stash.get(_SERVER, None)
+        if server is not None:
+            server.close()
+        config.stash[_PLANE_SOURCE].close()
+    finally:
+        shutil.rmtree(config.stash[_RUN_DIR], ignore_errors=True)
+        previous = config.stash.get(_PREVIOUS_SIGTERM, None)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm(config: pytest.Config) -> None:
+    """Turn SIGTERM into KeyboardInterrupt so pytest unwinds and ``pytest_unconfigure`` still cleans up."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    with contextlib.suppress(ValueError):  # not the main thread
+        config.stash[_PREVIOUS_SIGTERM] = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# ---------------------------------------------------------------------- the shared plane
+
+
+class _LocalPlane:
+    """The owner's plane: started on first use (once, even when asked from several threads)."""
+
+    def __init__(self, crd_release: str | None) -> None:
+        self._crd_release = crd_release
+        self._lock = threading.Lock()
+        self._plane: ControlPlane | None = None
+        self._error: str | None = None
+
+    def access(self) -> dict[str, Any]:
+        """``{"access": ...}`` or ``{"error": ...}`` (a failed start is not retried: it would cost a
+        minute per test)."""
+        with self._lock:
+            if self._error is None and self._plane is None:
+                plane = ControlPlane(crd_release=self._crd_release)
+                try:
+                    plane.start()
+                except Exception as exc:
+                    self._error = str(exc)
+                else:
+                    self._plane = plane
+            if self._error is not None:
+                return {"error": self._error}
+            assert self._plane is not None
+            return {"access": self._plane.access.to_json()}
+
+    def close(self) -> None:
+        with self._lock:
+            if self._plane is not None:
+                self._plane.stop()
+                self._plane = None
+
+
+class _PlaneSource:
+    """Where this process gets the plane from (its own ``_LocalPlane`` or the xdist controller)."""
+
+    def __init__(self, fetch: Callable[[], dict[str, Any]], owner: _LocalPlane | None = None) -> None:
+        self._fetch = fetch
+        self._owner = owner
+
+    def access(self) -> ClusterAccess:
+        state = self._fetch()
+        if "error" in state:
+            pytest.fail(f"the shared control plane failed to start:\n{state['error']}", pytrace=False)
+        return ClusterAccess.from_json(state["access"])
+
+    def state(self) -> dict[str, Any]:
+        return self._fetch()
+
+    def close(self) -> None:
+        if self._owner is not None:
+            self._owner.close()
+
+
+class _PlaneServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The xdist controller's end: one JSON line per connection, the plane's access or its error."""
+
+    daemon_threads = True
+    block_on_close = True
+
+    def __init__(self, path: Path, source: _PlaneSource) -> None:
+        self.path = path
+        self.source = source
+        super().__init__(str(path), _PlaneRequestHandler)
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.1}, name="harness-control-plane-server"
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self._thread.join()
+
+
+class _PlaneRequestHandler(socketserver.StreamRequestHandler):
+    server: _PlaneServer
+
+    def handle(self) -> None:
+        self.rfile.readline()
+        self.wfile.write(json.dumps(self.server.source.state()).encode() + b"\n")
+
+
+def _ask_controller(path: Path) -> Callable[[], dict[str, Any]]:
+    """A worker's end: ask the controller once, then remember the answer."""
+    answer: list[dict[str, Any]] = []
+
+    def fetch() -> dict[str, Any]:
+        if not answer:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                connection.settimeout(_REQUEST_TIMEOUT)
+                connection.connect(str(path))
+                connection.sendall(b"control-plane\n")
+                with connection.makefile("rb") as reply:
+                    answer.append(json.loads(reply.readline()))
+        return answer[0]
+
+    return fetch
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def control_plane(pytestconfig: pytest.Config) -> ClusterAccess:
+    """Access to the run's API server: the full plane, started once per run (shared by xdist
+    workers), or an external cluster."""
+    external = pytestconfig.getoption("kubeconfig") or os.environ.get(KUBECONFIG_ENV)
+    if external:
+        access = ClusterAccess.from_kubeconfig(Path(external))
+        from harness.cluster import crds
+
+        with access.api_client() as api_client:
+            crds.install_crds(api_client, release=pytestconfig.getoption("crd_release"))
+        return access
+    return pytestconfig.stash[_PLANE_SOURCE].access()
+
+
+@pytest.fixture
+def kube_api(control_plane: ClusterAccess) -> Iterator[ApiClient]:
+    """A fresh admin ``kubernetes.client.ApiClient`` for this test, closed afterwards."""
+    api_client = control_plane.api_client()
+    try:
+        yield api_client
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def namespace(kube_api: ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A new namespace for this test, ready for pods (its ``default`` ServiceAccount exists when the
+    cluster makes them). Deletion is requested at teardown, not awaited: the namespace controller
+    finishes it in the background (a pod bound to a node without a kubelet can hold it Terminating
+    for good, so names are never reused)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    name = namespace_name(request.node.name)
+    create_namespace(kube_api, name, TEST_LABEL)
+    yield name
+    with contextlib.suppress(ApiException):
+        response = client.CoreV1Api(kube_api).delete_namespace(
+            name, _request_timeout=10, _preload_content=False
+        )
+        response.read()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def identities(control_plane: ClusterAccess, tmp_path: Path) -> Identities:
+    """Kubeconfigs for other identities than the admin: ``identities.user("alice", ["devs"])`` or
+    ``identities.service_account(namespace, "reader")`` -> ``ClusterAccess`` (``.kubeconfig_path``,
+    ``.api_client()``). Users need a harness plane (its CA signs them); ServiceAccount tokens come
+    from the TokenRequest API (the account is created if missing)."""
+    return Identities(control_plane, tmp_path / "identities")
+
+
+class Identities:
+    """What the ``identities`` fixture hands out (thin: ``harness.cluster.identities`` does the work)."""
+
+    def __init__(self, access: ClusterAccess, directory: Path) -> None:
+        self._access = access
+        self._directory = directory
+
+    def user(self, name: str, groups: Sequence[str] = ()) -> ClusterAccess:
+        from harness.cluster.identities import user_access
+
+        return user_access(self._access, name, groups, directory=self._directory)
+
+    def service_account(self, namespace: str, name: str) -> ClusterAccess:
+        from harness.cluster.identities import service_account_access
+
+        return service_account_access(self._access, namespace, name, directory=self._directory)
+
+
+@pytest.fixture(autouse=True)
+def _harness_leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves asyncio tasks, threads, child processes or harness temp dirs behind."""
+    if request.node.get_closest_marker(ALLOW_LEAKS_MARKER) is not None:
+        yield
+        return
+    before = guards.snapshot()
+    yield
+    leaks = guards.find_leaks(before)
+    if leaks:
+        guards.clean_up_leaks(before)
+        pytest.fail("test left behind:\n  " + "\n  ".join(leaks), pytrace=False)

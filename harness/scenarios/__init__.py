@@ -1,0 +1,4 @@
+"""The scenario format and its replay.
+
+May import the beds and everything below them.
+"""

@@ -1,0 +1,321 @@
+"""Any EPP command line as a process the harness can put behind Envoy: ours, upstream's Go EPP, yours.
+
+``EppProcess`` knows our EPP's extra doors (``/debug/datastore``, an unauthenticated ``/metrics``,
+``--bindAddress``); an EPP under test has none of them. This module launches one knowing only what
+upstream's own manifests rely on, so the same code runs our EPP, upstream v0.3.0 and anyone else's:
+
+* **Flags**: upstream's names, which every EPP of this API accepts (ours too): ``--poolName``,
+  ``--poolNamespace``, ``--kubeconfig``, ``--grpcPort``, ``--grpcHealthPort``, ``--metricsPort``,
+  ``--certPath``, ``-v``. ``extra_args`` go to every EPP; ``ours_args`` (our Python-only flags:
+  ``--bindAddress``, ``--debugPort``, ``--maxRequestBodyBytes`` ...) only when
+  ``EppCommand.dialect == "ours"``. The ports are reserved by ``harness.base.ports``.
+* **TLS Envoy can verify**: a certificate for ``<pool>-epp.<namespace>.svc`` from a fresh CA,
+  handed over with ``--certPath`` (``tls.crt``/``tls.key``, upstream's layout);
+  ``ForeignEpp.ext_proc_tls`` is what ``harness.dataplane.envoy.Envoy(ext_proc_tls=...)`` trusts. An EPP that
+  ignores ``--certPath`` fails its start: the handshake below never verifies.
+* **Readiness** is what Envoy needs, not what the EPP says: ``start()`` returns once the ext_proc
+  port completes a verified TLS handshake (HTTP/2 ALPN); ``wait_serving()`` until gRPC health is
+  also SERVING (pool known). Health alone is not enough: upstream v0.3.0 reports SERVING 0.3-4 s
+  before its ext_proc port listens (it first generates an RSA-4096 key), and requests sent in that
+  gap get 502s.
+* **Fixed ports** (``EppCommand.fixed_ports``): ports a program binds on every address whatever its
+  flags say. Upstream v0.3.0's controller-runtime manager always serves its own metrics on
+  ``:8080`` (no flag moves it), so two such EPPs on one host collide. Each fixed port is claimed
+  with the harness's port lock (``harness.base.ports.claim_port``) for the life of the process: a second
+  instance waits up to ``fixed_port_wait`` seconds and then fails with a message saying why, instead
+  of crashing on a bind error. Such EPPs run one at a time per host (or each in its own network
+  namespace, which this module does not set up).
+
+Usage (a running control plane ``plane`` and a pool ``my-pool`` in namespace ``ns``)::
+
+    command = EppCommand.upstream()                      # the binary of `harness build --upstream-epp v0.3.0`
+    command = EppCommand.parse("/path/to/epp --flag=x")  # any command line (upstream dialect)
+    with ForeignEpp(command, "my-pool", "ns", plane.access.kubeconfig_path) as epp:
+        epp.wait_serving()
+        options = EnvoyOptions(request_body_mode=command.envoy_request_body_mode)
+        with Envoy(epp.ext_proc_address, options=options, ext_proc_tls=epp.ext_proc_tls) as envoy:
+            ...  # send requests to envoy.base_url
+
+Upstream v0.3.0 reads the KV-cache gauge as ``vllm:gpu_cache_usage_perc`` by default; simulators of
+vLLM >= 0.10 (the default) publish ``vllm:kv_cache_usage_perc``: pass
+``extra_args=["--kvCacheUsagePercentageMetric=vllm:kv_cache_usage_perc"]`` (``sim_metric_args``).
+Its ``/metrics`` wants a bearer token allowed by TokenReview/SubjectAccessReview, so nothing here
+reads it.
+
+Envoy's body mode follows the EPP (``EppCommand.envoy_request_body_mode``): BUFFERED unless the
+command says otherwise (ours speaks both; upstream v0.3.0's default server only BUFFERED, its
+streaming one needs ``USE_STREAMING=true`` in its environment and
+``request_body_mode="FULL_DUPLEX_STREAMED"``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+import grpc
+
+from harness.base.binaries import BinaryNotFoundError
+from harness.base.eventually import eventually
+from harness.base.ports import LOOPBACK, PortReservation, claim_port, reserve_port
+from harness.base.process import ManagedProcess, temp_prefix
+from harness.cluster import go_binaries
+from harness.dataplane.envoy import RequestBodyMode
+from harness.subject import epp_probe
+from harness.subject.epp_process import EppProcessIdentity, serving_certificate
+
+Dialect = Literal["upstream", "ours"]
+
+CONTROLLER_RUNTIME_METRICS_PORT: Final = 8080
+"""Where controller-runtime's manager serves metrics unless the program moves it (v0.3.0 does not)."""
+
+DEFAULT_START_TIMEOUT_S: Final = 60.0
+
+
+@dataclass(frozen=True)
+class EppCommand:
+    """What to run: the command line before the harness's flags, which flags it takes, fixed ports."""
+
+    argv: tuple[str, ...]
+    dialect: Dialect = "upstream"
+    fixed_ports: tuple[int, ...] = ()
+    label: str = ""
+    # How its Envoy sends the request body (``EnvoyOptions.request_body_mode``); None: BUFFERED, the
+    # harness's default (DESIGN.md §2), which every dialect speaks.
+    request_body_mode: RequestBodyMode | None = None
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise ValueError("an EPP command needs at least the program to run")
+
+    @property
+    def envoy_request_body_mode(self) -> RequestBodyMode:
+        """``request_body_mode`` if set, else BUFFERED (see the field)."""
+        return self.request_body_mode or "BUFFERED"
+
+    @property
+    def name(self) -> str:
+        """A short name for reports and process logs."""
+        return self.label or Path(self.argv[0]).name
+
+    @classmethod
+    def parse(
+        cls,
+        command_line: str,
+        *,
+        dialect: Dialect = "upstream",
+        fixed_ports: Sequence[int] = (),
+        label: str = "",
+    ) -> EppCommand:
+        """A shell-style command line (``"/opt/epp -zap-devel=false"``), split with ``shlex``."""
+        return cls(tuple(shlex.split(command_line)), dialect, tuple(fixed_ports), label)
+
+    @classmethod
+    def from_text(cls, text: str, fixed_ports: str | None = None) -> EppCommand:
+        """What a user types (``--epp-command``): ``ours``, ``upstream[:vX.Y.Z]``, or a command line in
+        the upstream dialect. A command line of unknown provenance is assumed to bind
+        controller-runtime's ``:8080`` as upstream's does (so two never run at once on a host) unless
+        ``fixed_ports`` (a comma list, ``""`` for none) says otherwise.
+
+        Raises ``BinaryNotFoundError`` for an upstream release that is not built.
+        """
+        if text == "ours":
+            return cls.ours()
+        if text == "upstream" or text.startswith("upstream:"):
+            _, _, version = text.partition(":")
+            return cls.upstream(version) if version else cls.upstream()
+        ports = (
+            (CONTROLLER_RUNTIME_METRICS_PORT,)
+            if fixed_ports is None
+            else tuple(int(p) for p in fixed_ports.split(",") if p.strip())
+        )
+        return cls.parse(text, fixed_ports=ports)
+
+    @classmethod
+    def ours(cls) -> EppCommand:
+        """Our EPP, as ``EppProcess`` runs it (``python -m epp``)."""
+        return cls((sys.executable, "-m", "epp"), "ours", (), "epp (ours)")
+
+    @classmethod
+    def upstream(cls, version: str = go_binaries.UPSTREAM_EPP_VERSION) -> EppCommand:
+        """Upstream's Go EPP at ``version``, built by ``harness build --upstream-epp v<version>``.
+
+        Raises ``BinaryNotFoundError`` saying that command when it is not built (it is never built
+        implicitly: about 4 minutes and 1 GiB of Go modules).
+        """
+        path = go_binaries.find_upstream_epp(version)
+        version = version.removeprefix("v")
+        if path is None:
+            raise BinaryNotFoundError(
+                f"upstream EPP v{version} is not built: run `harness build --upstream-epp v{version}` "
+                f"(or set $TEST_ASSET_UPSTREAM_EPP to a binary of that release)"
+            )
+        return cls((str(path),), "upstream", (CONTROLLER_RUNTIME_METRICS_PORT,), f"upstream EPP v{version}")
+
+
+def sim_metric_args(command: EppCommand, kv_cache_metric: str = "vllm:kv_cache_usage_perc") -> list[str]:
+    """Flags that point an upstream-dialect EPP at the simulators' metric names (ours finds either)."""
+    if command.dialect == "ours":
+        return []
+    return [f"--kvCacheUsagePercentageMetric={kv_cache_metric}"]
+
+
+@dataclass
+class ForeignEpp(EppProcessIdentity):
+    """One EPP process from an ``EppCommand``; same lifecycle as ``EppProcess`` (start/stop/close)."""
+
+    command: EppCommand
+    pool_name: str
+    pool_namespace: str
+    kubeconfig: Path
+    extra_args: Sequence[str] = ()
+    ours_args: Sequence[str] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    verbosity: int = 2
+    fixed_port_wait: float = 0.0
+    _ports: dict[str, PortReservation] = field(default_factory=dict, init=False)
+    _fixed: list[PortReservation] = field(default_factory=list, init=False)
+    _process: ManagedProcess | None = field(default=None, init=False)
+    _cert_dir: Path | None = field(default=None, init=False)
+    _ca_pem: bytes = field(default=b"", init=False)
+
+    def argv(self) -> list[str]:
+        """The full command line (ports must be reserved: after ``start()``)."""
+        assert self._cert_dir is not None, "no certificate before start()"
+        args = [
+            *self.command.argv,
+            f"--poolName={self.pool_name}",
+            f"--poolNamespace={self.pool_namespace}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--grpcPort={self.grpc_port}",
+            f"--grpcHealthPort={self.health_port}",
+            f"--metricsPort={self.metrics_port}",
+            f"--certPath={self._cert_dir}",
+            f"-v={self.verbosity}",
+        ]
+        if self.command.dialect == "ours":
+            args += [f"--bindAddress={LOOPBACK}", f"--debugPort={self._ports['debug'].port}", *self.ours_args]
+        return [*args, *self.extra_args]
+
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> None:
+        """Spawn and wait until the ext_proc port serves verified TLS; on failure undo everything."""
+        if self._process is not None:
+            raise RuntimeError(f"{self.command.name} already started")
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, timeout: float) -> None:
+        if not self._ports:
+            names = ("grpc", "health", "metrics", *(("debug",) if self.command.dialect == "ours" else ()))
+            self._ports = {name: reserve_port() for name in names}
+        if not self._fixed:
+            self._fixed = [self._claim(port) for port in self.command.fixed_ports]
+        if self._cert_dir is None:
+            self._cert_dir = Path(tempfile.mkdtemp(prefix=temp_prefix("epp-certs")))
+            self._ca_pem = serving_certificate(self.server_name, self._cert_dir)
+        argv = self.argv()
+        self._process = ManagedProcess(
+            "epp",
+            argv[0],
+            argv[1:],
+            health_check=self._tls_ready,
+            start_timeout=timeout,
+            stop_timeout=10.0,
+            env={**os.environ, **self.extra_env},
+        )
+        self._process.start()
+
+    def _claim(self, port: int) -> PortReservation:
+        try:
+            return claim_port(port, wait=self.fixed_port_wait)
+        except Exception as exc:
+            raise RuntimeError(
+                f"{self.command.name} always binds port {port} (whatever its flags say), and that port is "
+                f"taken: {exc}. Run such EPPs one at a time on a host (pytest -n 1), or each in its own "
+                "network namespace"
+            ) from exc
+
+    def _tls_ready(self) -> bool:
+        epp_probe.tls_handshake(self.ext_proc_address, self._ca_pem, self.server_name)
+        return True
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        """Until gRPC health is SERVING (the pool is known) and ext_proc completes a TLS handshake."""
+
+        def serving() -> None:
+            assert self.running, f"{self.command.name} exited:\n{self.log_tail()}"
+            try:
+                status = self.health()
+                self._tls_ready()
+            except (OSError, grpc.RpcError) as exc:
+                raise AssertionError(f"not reachable yet: {exc}") from exc
+            assert status == "SERVING", f"gRPC health is {status} (pool not known yet?)"
+
+        eventually(
+            serving,
+            timeout=timeout,
+            message=f"{self.command.name} serving pool {self.pool_namespace}/{self.pool_name}",
+        )
+
+    def stop(self) -> None:
+        """SIGTERM then SIGKILL; ports and the certificate stay for a restart until ``close()``."""
+        if self._process is not None:
+            self._process.stop()
+            self._process = None
+
+    def kill(self) -> None:
+        """Simulate a crash: SIGKILL, no graceful shutdown."""
+        if self._process is not None:
+            self._process.stop_timeout = 0.0
+            self.stop()
+
+    def close(self) -> None:
+        self.stop()
+        for reservation in [*self._ports.values(), *self._fixed]:
+            reservation.release()
+        self._ports.clear()
+        self._fixed.clear()
+        if self._cert_dir is not None:
+            shutil.rmtree(self._cert_dir, ignore_errors=True)
+            self._cert_dir = None
+
+    # ---- what the harness reads ------------------------------------------------------------------
+
+    @property
+    def grpc_port(self) -> int:
+        return self._ports["grpc"].port
+
+    @property
+    def health_port(self) -> int:
+        return self._ports["health"].port
+
+    @property
+    def metrics_port(self) -> int:
+        return self._ports["metrics"].port
+
+    @property
+    def ext_proc_address(self) -> str:
+        return f"{LOOPBACK}:{self.grpc_port}"
+
+    @property
+    def debug_url(self) -> str | None:
+        """Our EPP's ``/debug/datastore`` base URL; None for other EPPs (they have no such view)."""
+        if "debug" not in self._ports:
+            return None
+        return f"http://{LOOPBACK}:{self._ports['debug'].port}"
+
+    def health(self, service: str = "") -> str:
+        return epp_probe.health(f"{LOOPBACK}:{self.health_port}", service)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self._process.log_tail(lines) if self._process is not None else ""

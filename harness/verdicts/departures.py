@@ -1,0 +1,49 @@
+"""The conformance vocabulary: which tests are EPP-agnostic, our deliberate departures from upstream,
+and upstream's known bugs, each with a name a report can print.
+
+Three pytest markers (registered by ``harness.plugin.conformance``):
+
+* ``@pytest.mark.epp_agnostic`` — the test drives the system only through Envoy and the API server
+  (and the simulators' admin ports), never through our EPP's ``/debug/datastore`` or flags; so it
+  runs against any EPP command line (``--epp-command``, ``harness conformance``).
+* ``@pytest.mark.departure("name")`` — the test checks a behaviour we chose on purpose where upstream
+  v0.3.0 does something else (DESIGN.md wins over upstream). An EPP that fails it *differs by design*.
+* ``@pytest.mark.upstream_bug("name")`` — the test checks behaviour upstream v0.3.0 gets wrong by a
+  known bug (epp-behaviour.md §9, or found by this suite). An EPP that fails it shows that bug.
+
+The names are the keys below; a marker with another name fails collection, so a report never prints
+a label nobody defined.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+EPP_AGNOSTIC: Final = "epp_agnostic"
+DEPARTURE: Final = "departure"
+UPSTREAM_BUG: Final = "upstream_bug"
+
+DEPARTURES: Final[dict[str, str]] = {
+    "readable-error-bodies": "errors carry a one-line JSON message (upstream v0.3.0: empty body)",
+    "503-no-endpoints": "no ready pod is 503 (upstream v0.3.0: 429, as for shedding)",
+    "bodyless-routing": "bodyless requests (GET /v1/models) are routed to a pool pod",
+    "models-relisted-after-pool-recreation": "a pool deleted and re-created serves its models again",
+    "staleness": "a pod whose metrics went stale never wins over a fresh one (upstream #336)",
+    "body-bytes-preserved": (
+        "the model name is rewritten in place, every other byte reaches the model server as the client "
+        "sent it (upstream v0.3.0 re-marshals the body, and rejects numbers a float64 cannot hold)"
+    ),
+}
+
+UPSTREAM_BUGS: Final[dict[str, str]] = {
+    "request-error-total-never-incremented": (
+        "inference_model_request_error_total is registered but never incremented (v0.3.0)"
+    ),
+    "713-resync-adds-deleting-pods": "a pool resync adds pods already marked for deletion (upstream #713)",
+}
+
+
+def describe(kind: str, name: str) -> str:
+    """The one-line description of a departure or upstream bug (``kind``: a marker name above)."""
+    catalogue = DEPARTURES if kind == DEPARTURE else UPSTREAM_BUGS
+    return catalogue[name]
