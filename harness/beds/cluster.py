@@ -41,6 +41,7 @@ from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder, SimP
 from harness.cluster.forged import ForgedKubelet
 from harness.cluster.kube import JsonObject, Kube, deleted_by_this_write, response_json
 from harness.cluster.namespaces import TEST_LABEL, create_namespace
+from harness.cluster.pod_status import container_statuses, is_ready
 from harness.sim import ADMIN_PORT_OFFSET, ModelServerSim, SimAdmin, SimConfig, SimThread, sim_args
 from harness.verdicts.settle import PODS, SettleBarrier
 
@@ -83,15 +84,6 @@ class ClusterPod:
         if served not in self.ports:
             raise KeyError(f"pod {self.name} serves {self.ports}, not {served}")
         return served
-
-
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def container_statuses(pod: Mapping[str, Any]) -> list[JsonObject]:
-    return list((pod.get("status") or {}).get("containerStatuses") or [])
 
 
 class Cluster:

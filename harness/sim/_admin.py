@@ -24,13 +24,14 @@ import base64
 import dataclasses
 import json
 import os
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
 
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from harness.sim._server import ModelServerSim
+from harness.sim._config import SimConfig
+from harness.sim._engine import EngineState
+from harness.sim._received import ReceivedRequest
 
 ADMIN_PORT_OFFSET: Final = 10000
 """Default admin port: the serving port plus this (8000 -> 18000), so each container of a pod has one."""
@@ -41,11 +42,44 @@ _LIST_GAUGES: Final = ("running_loras", "waiting_loras")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class AdminTarget(Protocol):
+    """What the admin listener reads and changes of a simulator (``ModelServerSim`` is one).
+
+    A Protocol rather than the server class, so the server may import this module and not the reverse.
+    """
+
+    config: SimConfig
+    healthy: bool
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def lora_adapters(self) -> frozenset[str]: ...
+    @property
+    def black_holed(self) -> frozenset[str]: ...
+    @property
+    def requests_by_model(self) -> dict[str, int]: ...
+    def set_gauges(
+        self,
+        *,
+        waiting: float | None = None,
+        running: float | None = None,
+        kv_cache: float | None = None,
+        running_loras: Sequence[str] | None = None,
+        waiting_loras: Sequence[str] | None = None,
+        max_lora: int | None = None,
+    ) -> None: ...
+    def clear_overrides(self) -> None: ...
+    def black_hole(self, paths: Sequence[str]) -> None: ...
+    def received_requests(self) -> list[ReceivedRequest]: ...
+    def state(self) -> EngineState: ...
+
+
 class AdminInputError(ValueError):
     """A malformed admin request (answered 400)."""
 
 
-def admin_app(sim: ModelServerSim) -> web.Application:
+def admin_app(sim: AdminTarget) -> web.Application:
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/admin/info", _handler(lambda r: _info(sim)))
     app.router.add_put("/admin/gauges", _json_handler(lambda body: _pin(sim, body)))
@@ -86,7 +120,7 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return web.json_response({"error": str(err)}, status=400)
 
 
-def _info(sim: ModelServerSim) -> dict[str, Any]:
+def _info(sim: AdminTarget) -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "model": sim.config.model,
@@ -97,7 +131,7 @@ def _info(sim: ModelServerSim) -> dict[str, Any]:
     }
 
 
-def _pin(sim: ModelServerSim, body: Mapping[str, Any]) -> dict[str, Any]:
+def _pin(sim: AdminTarget, body: Mapping[str, Any]) -> dict[str, Any]:
     unknown = set(body) - set(GAUGE_KEYS)
     if unknown:
         raise AdminInputError(f"unknown gauges {sorted(unknown)}; known: {list(GAUGE_KEYS)}")
@@ -119,12 +153,12 @@ def _pin(sim: ModelServerSim, body: Mapping[str, Any]) -> dict[str, Any]:
     return {"pinned": sorted(gauges)}
 
 
-def _clear(sim: ModelServerSim) -> dict[str, Any]:
+def _clear(sim: AdminTarget) -> dict[str, Any]:
     sim.clear_overrides()
     return {"pinned": []}
 
 
-def _health(sim: ModelServerSim, body: Mapping[str, Any]) -> dict[str, Any]:
+def _health(sim: AdminTarget, body: Mapping[str, Any]) -> dict[str, Any]:
     healthy = body.get("healthy")
     if not isinstance(healthy, bool):
         raise AdminInputError('expected {"healthy": true|false}')
@@ -132,7 +166,7 @@ def _health(sim: ModelServerSim, body: Mapping[str, Any]) -> dict[str, Any]:
     return {"healthy": healthy}
 
 
-def _black_hole(sim: ModelServerSim, body: Mapping[str, Any]) -> dict[str, Any]:
+def _black_hole(sim: AdminTarget, body: Mapping[str, Any]) -> dict[str, Any]:
     paths = body.get("paths")
     if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
         raise AdminInputError('expected {"paths": ["/metrics", ...]} (absolute paths)')
@@ -140,7 +174,7 @@ def _black_hole(sim: ModelServerSim, body: Mapping[str, Any]) -> dict[str, Any]:
     return {"black_holed": sorted(sim.black_holed)}
 
 
-def _received(sim: ModelServerSim) -> list[dict[str, Any]]:
+def _received(sim: AdminTarget) -> list[dict[str, Any]]:
     return [
         {
             "method": r.method,

@@ -33,12 +33,12 @@ from kubernetes import client
 
 from harness.base.eventually import eventually
 from harness.base.lifecycle import StartStop
-from harness.beds.cluster import is_ready
 from harness.cluster.certs import UNVERIFIED_EXT_PROC_TLS
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.helm import Helm
 from harness.cluster.kube import response_json
 from harness.cluster.kubectl import kubectl
+from harness.cluster.pod_status import is_ready
 from harness.dataplane.envoy import Envoy, EnvoyOptions, ExtProcHealthCheck, ExtProcReplica
 
 EXAMPLE: Final = Path(__file__).resolve().parents[2] / "examples" / "cluster" / "vllm-sim.yaml"

@@ -34,13 +34,13 @@ import uuid
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 import httpx2
 
 from harness.base.eventually import eventually
-from harness.beds.cluster import Cluster
-from harness.sim import SERVED_BY_HEADER
+from harness.cluster.kube import Kube
+from harness.sim import SERVED_BY_HEADER, SimAdmin
 from harness.verdicts.oracle import expected_from_api
 
 DEFAULT_ALPHA: Final = 1e-5
@@ -81,13 +81,32 @@ class TrafficVerdict:
         return head if self.consistent else f"{head}; INCONSISTENT: {'; '.join(self.differences)}"
 
 
+class PodWithSim(Protocol):
+    def sim(self, port: int | None = None) -> SimAdmin: ...
+
+
+class ObservedCluster(Protocol):
+    """What the oracle reads of the test's cluster (``harness.beds.cluster.Cluster`` is one): the API
+    it judges membership by, and the pods whose simulators count what they served."""
+
+    @property
+    def kube(self) -> Kube: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def pool_name(self) -> str: ...
+    @property
+    def pods(self) -> Mapping[str, PodWithSim]: ...
+    def pod_for_endpoint(self, endpoint: str | None) -> str | None: ...
+
+
 class TrafficOracle:
     """Membership of the EPP's routing set, from traffic through ``base_url`` (Envoy's ``/v1``)."""
 
     def __init__(
         self,
         base_url: str,
-        cluster: Cluster,
+        cluster: ObservedCluster,
         model: str | None,
         *,
         alpha: float = DEFAULT_ALPHA,

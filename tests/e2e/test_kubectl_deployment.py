@@ -23,9 +23,9 @@ import pytest
 from kubernetes import client, watch
 
 from harness.base.eventually import eventually
-from harness.beds.cluster import is_ready
 from harness.beds.stack import Stack
 from harness.cluster.kubectl import kubectl as run_kubectl
+from harness.cluster.pod_status import is_ready
 from harness.plugin.stack_fixtures import StackFactory
 
 from .support import openai_client, served_by

@@ -21,12 +21,12 @@ from kubernetes.client import ApiClient
 
 from harness.base.addresses import lock_path
 from harness.base.eventually import eventually
-from harness.beds.cluster import container_statuses, is_ready
 from harness.cluster.builders import SimPodBuilder
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.kube import JsonObject, Kube
 from harness.cluster.kubectl import kubectl
 from harness.cluster.namespaces import TEST_LABEL, create_namespace, namespace_name
+from harness.cluster.pod_status import container_statuses, is_ready
 from harness.sim import ADMIN_PORT_OFFSET, SimAdmin
 
 pytestmark = pytest.mark.integration

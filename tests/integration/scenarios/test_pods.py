@@ -12,8 +12,8 @@ told to fail, its readiness probe fails, and the agent writes Ready=False.
 from __future__ import annotations
 
 from harness.base.eventually import eventually
-from harness.beds.cluster import container_statuses, is_ready
 from harness.beds.testbed import TestBed
+from harness.cluster.pod_status import container_statuses, is_ready
 
 from .support import MODEL, serving
 
