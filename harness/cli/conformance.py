@@ -1,8 +1,9 @@
 """``harness conformance``: the EPP-agnostic scenarios against any EPP command line, as one table.
 
-It runs the project's own test suite, restricted to the tests marked ``epp_agnostic``, with
-``--epp-command`` (`harness.plugin.conformance`), reads back the per-test records the plugin writes
-(``--conformance-json``) and prints, per scenario, one of:
+It runs the scenarios the harness ships (`harness.scenarios.conformance`, collected with
+``pytest --pyargs``, so an installed wheel needs no checkout of this repository), restricted to the
+tests marked ``epp_agnostic``, with ``--epp-command`` (`harness.plugin.conformance`), reads back the
+per-test records the plugin writes (``--conformance-json``) and prints, per scenario, one of:
 
 * ``pass``;
 * ``differs by design: <departure>`` — the test checks one of our deliberate departures from
@@ -11,6 +12,12 @@ It runs the project's own test suite, restricted to the tests marked ``epp_agnos
   (``@pytest.mark.upstream_bug``) and this EPP shows it;
 * ``FAIL`` — anything else; its evidence follows the table (what was sent through Envoy, what came
   back, which pod got each request, and what the traffic oracle saw).
+
+For a CI job page: ``--junit-xml PATH`` keeps pytest's JUnit report, ``--summary-md PATH`` writes the
+table as Markdown (append it to ``$GITHUB_STEP_SUMMARY``).
+
+The inner pytest runs in a scratch directory with an ini file of its own, so the settings of the
+directory it is started from (an EPP repository's own pytest configuration) never reach it.
 
 Exit 0 when no scenario is ``FAIL`` (differences by design and known upstream bugs are expected),
 1 otherwise, or pytest's own exit code when the run itself broke (2-5).
@@ -40,8 +47,15 @@ from harness.cluster import go_binaries
 from harness.verdicts import departures
 
 HELP = "run the EPP-agnostic scenarios against any EPP command line and print a conformance table"
-REPO: Final = Path(__file__).resolve().parents[2]
+SCENARIOS: Final = "harness.scenarios.conformance"
 WHAT_HAPPENED_CHARS: Final = 150
+# The inner run's whole configuration: the markers the scenarios use and the per-test timeout.
+INNER_INI: Final = """[pytest]
+timeout = 300
+markers =
+    e2e: needs the control plane, Envoy and the EPP process
+    integration: needs the hermetic control plane
+"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -67,13 +81,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
     parser.add_argument("-k", dest="keyword", help="only scenarios matching this pytest -k expression")
     parser.add_argument("--json", type=Path, help="also keep the per-scenario records (JSON) here")
+    parser.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write pytest's JUnit XML report")
+    parser.add_argument(
+        "--summary-md", type=Path, metavar="PATH", help="also write the table as Markdown (a CI job summary)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    tests = REPO / "tests"
-    if not tests.is_dir():
-        print(f"harness conformance: the test suite is not next to the harness ({tests})", file=sys.stderr)
-        return 2
     if args.upstream is not None:
         version = str(args.upstream).removeprefix("v")
         if go_binaries.find_upstream_epp(version) is None:
@@ -87,23 +101,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         command = str(args.epp_command)
     with tempfile.TemporaryDirectory(prefix="epp-conformance-") as scratch:
-        records_path = args.json or Path(scratch) / "conformance.json"
+        records_path = (args.json or Path(scratch) / "conformance.json").resolve()
+        ini = Path(scratch) / "pytest.ini"
+        ini.write_text(INNER_INI)
         argv = [
-            sys.executable, "-m", "pytest", str(tests), "-m", departures.EPP_AGNOSTIC,
-            "-p", "no:randomly", "-q", "--no-header", "-rN", "--tb=no",
+            sys.executable, "-m", "pytest", "--pyargs", SCENARIOS, "-m", departures.EPP_AGNOSTIC,
+            "-c", str(ini), "--rootdir", scratch, "-p", "no:randomly", "-p", "no:cacheprovider",
+            "-q", "--no-header", "-rN", "--tb=no",
             f"--epp-command={command}", f"--conformance-json={records_path}",
+            *([f"--junit-xml={args.junit_xml.resolve()}"] if args.junit_xml else []),
             *(["-n", str(args.workers)] if args.workers > 0 else []),
             *(["-k", args.keyword] if args.keyword else []),
             *([f"--epp-fixed-ports={args.epp_fixed_ports}"] if args.epp_fixed_ports is not None else []),
         ]  # fmt: skip
         print(f"running the EPP-agnostic scenarios against {command!r} ...", flush=True)
-        returncode = subprocess.run(argv, cwd=REPO, check=False).returncode
+        returncode = subprocess.run(argv, cwd=scratch, check=False).returncode
         if returncode not in (0, 1) or not records_path.exists():
             print(f"harness conformance: pytest exited {returncode} without a complete run", file=sys.stderr)
             return returncode or 1
         document = json.loads(records_path.read_text())
     rows = [Row.from_record(record) for record in document["tests"]]
     render(command, rows)
+    if args.summary_md:
+        args.summary_md.write_text(markdown(command, rows))
     return 1 if any(row.result == "FAIL" for row in rows) else 0
 
 
@@ -150,13 +170,40 @@ def first_line(record: Mapping[str, Any]) -> str:
     return text if len(text) <= WHAT_HAPPENED_CHARS else text[: WHAT_HAPPENED_CHARS - 1] + "…"
 
 
-def render(command: str, rows: Sequence[Row], out: TextIO | None = None) -> None:
-    target = console(out)
+def _counts(rows: Sequence[Row]) -> str:
     counts: dict[str, int] = {}
     for row in rows:
         key = row.result.split(":")[0]
         counts[key] = counts.get(key, 0) + 1
-    summary = ", ".join(f"{n} {key}" for key, n in sorted(counts.items()))
+    return ", ".join(f"{n} {key}" for key, n in sorted(counts.items()))
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ") or " "
+
+
+def markdown(command: str, rows: Sequence[Row]) -> str:
+    """The table as GitHub-flavoured Markdown, FAIL rows' evidence folded below it."""
+    lines = [
+        f"### EPP conformance: `{command}`",
+        "",
+        _counts(rows),
+        "",
+        "| scenario | result | what happened |",
+        "|---|---|---|",
+        *(f"| {_cell(r.scenario)} | {_cell(r.result)} | {_cell(r.what_happened)} |" for r in rows),
+    ]
+    for row in rows:
+        if row.result == "FAIL":
+            evidence = row.evidence or "(no Stack evidence: the failure happened outside one)"
+            lines += ["", f"<details><summary>evidence: {row.scenario}</summary>", "", "```", evidence, "```"]
+            lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def render(command: str, rows: Sequence[Row], out: TextIO | None = None) -> None:
+    target = console(out)
+    summary = _counts(rows)
     columns = [Column("scenario", "left"), Column("result", "left"), Column("what happened", "left")]
     target.print(
         table(

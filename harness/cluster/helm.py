@@ -15,11 +15,21 @@ from typing import Final
 
 import yaml
 
+from harness.base.shipped import shipped_path
 from harness.cluster import go_binaries
 
-CHART_DIR: Final = Path(__file__).resolve().parents[2] / "deploy" / "chart"
-"""The chart of this checkout (``deploy/chart``)."""
-LINT_VALUES: Final = CHART_DIR / "ci" / "lint-values.yaml"
+CHART: Final = "deploy/chart"
+"""The chart the harness ships (`harness.base.shipped`): the checkout's, or the installed wheel's copy."""
+
+
+def chart_dir() -> Path:
+    return shipped_path(CHART)
+
+
+def lint_values() -> Path:
+    return shipped_path(f"{CHART}/ci/lint-values.yaml")
+
+
 _TIMEOUT_S: Final = 180.0
 
 
@@ -61,32 +71,45 @@ class Helm:
             raise HelmError(f"helm {' '.join(args)} failed ({run.returncode}):\n{output}")
         return run.stdout
 
-    def lint(self, chart: Path = CHART_DIR, values: Sequence[Path] = (LINT_VALUES,)) -> str:
-        return self.run("lint", "--strict", str(chart), *_values(values))
+    def lint(self, chart: Path | None = None, values: Sequence[Path] | None = None) -> str:
+        values = (lint_values(),) if values is None else values
+        return self.run("lint", "--strict", str(chart or chart_dir()), *_values(values))
 
     def template(
         self,
         release: str,
         namespace: str,
-        chart: Path = CHART_DIR,
+        chart: Path | None = None,
         values: Sequence[Path] = (),
         set_values: Mapping[str, str] = {},
     ) -> str:
         return self.run(
-            "template", release, str(chart), "--namespace", namespace, *_values(values), *_sets(set_values)
+            "template",
+            release,
+            str(chart or chart_dir()),
+            "--namespace",
+            namespace,
+            *_values(values),
+            *_sets(set_values),
         )
 
     def install(
         self,
         release: str,
         namespace: str,
-        chart: Path = CHART_DIR,
+        chart: Path | None = None,
         values: Sequence[Path] = (),
         set_values: Mapping[str, str] = {},
     ) -> str:
         """``helm install`` (no ``--wait``: readiness is what the caller checks, each its own way)."""
         return self.run(
-            "install", release, str(chart), "--namespace", namespace, *_values(values), *_sets(set_values)
+            "install",
+            release,
+            str(chart or chart_dir()),
+            "--namespace",
+            namespace,
+            *_values(values),
+            *_sets(set_values),
         )
 
     def uninstall(self, release: str, namespace: str) -> str:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from harness.base.shipped import shipped_path
+
 CONTAINERFILE: Final = "Containerfile"
 
 
@@ -67,8 +69,8 @@ class ImageLayout:
 
 
 def repository_containerfile() -> Path:
-    """This checkout's Containerfile (the project is installed editable: the harness lives beside it)."""
-    return Path(__file__).resolve().parents[2] / CONTAINERFILE
+    """The Containerfile the harness ships: the checkout's, or the installed wheel's copy."""
+    return shipped_path(CONTAINERFILE)
 
 
 def parse(text: str) -> list[Stage]:

@@ -1,4 +1,4 @@
 """The pytest plugin: options, the shared control plane, and thin fixtures over the beds.
 
-May import every part but `cli`.
+May import the beds and everything below them; never `scenarios` or `cli`.
 """

@@ -33,6 +33,7 @@ from kubernetes import client
 
 from harness.base.eventually import eventually
 from harness.base.lifecycle import StartStop
+from harness.base.shipped import shipped_path
 from harness.cluster.certs import UNVERIFIED_EXT_PROC_TLS
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.helm import Helm
@@ -41,7 +42,7 @@ from harness.cluster.kubectl import kubectl
 from harness.cluster.pod_status import is_ready
 from harness.dataplane.envoy import Envoy, EnvoyOptions, ExtProcHealthCheck, ExtProcReplica
 
-EXAMPLE: Final = Path(__file__).resolve().parents[2] / "examples" / "cluster" / "vllm-sim.yaml"
+EXAMPLE: Final = "examples/cluster/vllm-sim.yaml"  # shipped (`harness.base.shipped`)
 POOL: Final = "vllm-llama3-8b-instruct"
 """The release name, so the pool's name (the example's models point at it)."""
 BASE_MODEL: Final = "meta-llama/Llama-3.1-8B-Instruct"
@@ -79,8 +80,9 @@ def chart_values(options: ChartOptions) -> dict[str, Any]:
     }
 
 
-def model_server_manifest(options: ChartOptions, example: Path = EXAMPLE) -> str:
+def model_server_manifest(options: ChartOptions, example: Path | None = None) -> str:
     """The example's Deployment (replicas and args adjusted) and InferenceModels, without its pool."""
+    example = example or shipped_path(EXAMPLE)
     documents = [d for d in yaml.safe_load_all(example.read_text(encoding="utf-8")) if isinstance(d, dict)]
     kept = []
     for document in documents:

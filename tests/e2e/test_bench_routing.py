@@ -24,7 +24,7 @@ REQUESTS = 40
 def test_a_short_routing_benchmark_writes_its_table_json_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     command = [
-        sys.executable, "-m", "harness.cli.main", "bench", "routing",
+        sys.executable, "-m", "harness.cli", "bench", "routing",
         "--policies", ",".join(POLICIES), "--loads", "0.9", "--repeats", "1",
         "--requests", str(REQUESTS), "--capacity-requests", "60", "--pods", "4", "--out", str(out),
     ]  # fmt: skip

@@ -15,9 +15,8 @@ import pytest
 
 from harness.beds.stack import BASE_MODEL, ModelSpec
 from harness.plugin.stack_fixtures import StackFactory
+from harness.scenarios.support import cluster_of
 from harness.subject.foreign_epp import EppCommand
-
-from .support import cluster_of
 
 pytestmark = pytest.mark.e2e
 

@@ -35,10 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.base.eventually import eventually
 from harness.cluster.controlplane import ClusterAccess
 from harness.dataplane.closed_loop import ClosedLoopLoad
+from harness.scenarios.support import served_by
 from harness.subject.chart_install import BASE_MODEL, METRICS_PORT, ChartInstall, ChartOptions, pod_ip
 from harness.subject.epp_probe import health, metrics_text
-
-from .support import served_by
 
 pytestmark = pytest.mark.e2e
 

@@ -44,7 +44,7 @@ def test_demo_prints_the_report_exits_0_and_leaves_nothing_running() -> None:
     marker = uuid.uuid4().hex
     env = {**os.environ, MARKER_VAR: marker}
     result = subprocess.run(
-        [sys.executable, "-m", "harness.cli.main", "demo", "--requests", "40"],
+        [sys.executable, "-m", "harness.cli", "demo", "--requests", "40"],
         env=env,
         capture_output=True,
         text=True,

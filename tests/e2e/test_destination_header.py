@@ -14,8 +14,7 @@ import pytest
 from harness.base.eventually import eventually
 from harness.beds.stack import Stack, StackOptions
 from harness.plugin.core import namespace_name
-
-from .support import (
+from harness.scenarios.support import (
     DESTINATION_HEADER,
     access_log_since,
     cluster_of,

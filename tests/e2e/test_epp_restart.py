@@ -7,8 +7,7 @@ import pytest
 
 from harness.base.eventually import eventually
 from harness.plugin.stack_fixtures import StackFactory
-
-from .support import (
+from harness.scenarios.support import (
     DESTINATION_HEADER,
     access_log_since,
     cluster_of,

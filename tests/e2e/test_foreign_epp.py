@@ -15,9 +15,8 @@ from harness.beds.stack import FIXED_PORT_WAIT_S
 from harness.cluster import go_binaries
 from harness.dataplane.envoy import Envoy, EnvoyOptions
 from harness.plugin.stack_fixtures import StackFactory
+from harness.scenarios.support import cluster_of, endpoint, served_by
 from harness.subject.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
-
-from .support import cluster_of, endpoint, served_by
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,8 @@ import pytest
 from harness.base.eventually import eventually
 from harness.beds.stack import BASE_MODEL, DEMO_ADAPTERS, Stack
 from harness.plugin.stack_fixtures import StackFactory
+from harness.scenarios.support import endpoint, openai_client, served_by
 from harness.sim import SimConfig
-
-from .support import endpoint, openai_client, served_by
 
 pytestmark = pytest.mark.e2e
 

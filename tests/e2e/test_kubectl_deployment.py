@@ -27,8 +27,7 @@ from harness.beds.stack import Stack
 from harness.cluster.kubectl import kubectl as run_kubectl
 from harness.cluster.pod_status import is_ready
 from harness.plugin.stack_fixtures import StackFactory
-
-from .support import openai_client, served_by
+from harness.scenarios.support import openai_client, served_by
 
 pytestmark = pytest.mark.e2e
 

@@ -20,9 +20,15 @@ import pytest
 from harness.base.eventually import eventually
 from harness.beds.stack import BASE_MODEL, DEMO_ADAPTERS
 from harness.plugin.stack_fixtures import StackFactory
+from harness.scenarios.support import (
+    POD_PORT,
+    cluster_of,
+    endpoint,
+    openai_client,
+    requests_by_model,
+    served_by,
+)
 from harness.sim import SimConfig
-
-from .support import POD_PORT, cluster_of, endpoint, openai_client, requests_by_model, served_by
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -32,6 +32,7 @@ START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 BASE_URL_PREFIX = "export OPENAI_BASE_URL="
 REPO = Path(__file__).resolve().parents[2]
+HARNESS = (sys.executable, "-m", "harness.cli")
 
 
 def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
@@ -43,14 +44,17 @@ def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
 class Up:
     """A running ``harness up``: the lines it printed until the base URL, then the rest at the end."""
 
-    def __init__(self, args: list[str], marker: str) -> None:
+    def __init__(
+        self, args: list[str], marker: str, harness: Sequence[str] = HARNESS, cwd: Path = REPO
+    ) -> None:
+        """``harness``: the command to run (by default this checkout's), started in ``cwd``."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "harness.cli.main", "up", *args],
+            [*harness, "up", *args],
             env={**os.environ, MARKER_VAR: marker},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            cwd=REPO,
+            cwd=cwd,
         )
         assert self.process.stdout is not None
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -96,9 +100,9 @@ class Up:
 
 
 @contextmanager
-def harness_up(*args: str) -> Iterator[tuple[Up, str]]:
+def harness_up(*args: str, harness: Sequence[str] = HARNESS, cwd: Path = REPO) -> Iterator[tuple[Up, str]]:
     marker = uuid.uuid4().hex
-    up = Up(list(args), marker)
+    up = Up(list(args), marker, harness, cwd)
     try:
         yield up, marker
     finally:

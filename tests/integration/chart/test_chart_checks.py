@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.cluster.controlplane import ClusterAccess
-from harness.cluster.helm import CHART_DIR, LINT_VALUES, Helm, HelmError, rendered_kinds
+from harness.cluster.helm import Helm, HelmError, chart_dir, lint_values, rendered_kinds
 from harness.cluster.kubectl import KubectlError, kubectl
 
 CHART_KINDS = ["ServiceAccount", "Service", "Deployment", "Role", "RoleBinding", "InferencePool"]
@@ -37,7 +37,7 @@ def test_rendering_without_the_pools_selector_fails_with_a_clear_message(helm: H
 
 
 @pytest.mark.parametrize(
-    "values", [pytest.param([LINT_VALUES], id="lint-values"), pytest.param([], id="defaults-with-selector")]
+    "values", [pytest.param([lint_values()], id="lint-values"), pytest.param([], id="defaults-with-selector")]
 )
 def test_every_rendered_object_passes_a_server_side_dry_run(
     helm: Helm, control_plane: ClusterAccess, namespace: str, values: list[Path]
@@ -56,12 +56,12 @@ def test_every_rendered_object_passes_a_server_side_dry_run(
 def test_the_dry_run_rejects_what_the_api_server_rejects(
     helm: Helm, control_plane: ClusterAccess, namespace: str
 ) -> None:
-    manifest = helm.template("vllm-pool", namespace, values=[LINT_VALUES],
+    manifest = helm.template("vllm-pool", namespace, values=[lint_values()],
                              set_values={"inferencePool.targetPortNumber": "70000"})  # fmt: skip
     with pytest.raises(KubectlError, match="targetPortNumber"):
         kubectl(control_plane.kubeconfig_path, "apply", "--dry-run=server", "-f", "-", stdin=manifest)
 
 
 def test_the_chart_is_this_checkouts(helm: Helm) -> None:
-    assert (CHART_DIR / "Chart.yaml").is_file()
-    assert "name: inferencepool" in (CHART_DIR / "Chart.yaml").read_text()
+    assert (chart_dir() / "Chart.yaml").is_file()
+    assert "name: inferencepool" in (chart_dir() / "Chart.yaml").read_text()

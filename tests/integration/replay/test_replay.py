@@ -16,7 +16,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yam
 
 def replay(scenario: Path, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli.main", "replay", str(scenario), *extra],
+        [sys.executable, "-m", "harness.cli", "replay", str(scenario), *extra],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from harness.cli.conformance import Row, classify, render
+from harness.cli.conformance import Row, classify, markdown, render
 from harness.subject.foreign_epp import CONTROLLER_RUNTIME_METRICS_PORT, EppCommand
 from harness.verdicts.traffic_oracle import _judge, requests_needed
 
@@ -95,6 +95,27 @@ def test_the_report_shows_evidence_for_failures_only() -> None:
     assert "--- evidence: test_a::fail" in text
     assert "POST /v1/completions -> 503, no pod" in text
     assert "EVIDENCE-DIFFERS" not in text
+    assert "EVIDENCE-BUG" not in text
+
+
+def test_the_markdown_summary_is_one_row_per_scenario_with_failures_folded() -> None:
+    rows = [
+        Row("test_a::pass", "pass", "", ""),
+        Row("test_a::fail", "FAIL", "got 503 | not 200", "POST /v1/completions -> 503, no pod"),
+        Row("test_a::bug", "upstream bug: 713-resync-adds-deleting-pods", "leaving=27", "EVIDENCE-BUG"),
+    ]
+    text = markdown("upstream:0.3.0", rows)
+    lines = text.splitlines()
+    assert lines[0] == "### EPP conformance: `upstream:0.3.0`"
+    assert "1 FAIL, 1 pass, 1 upstream bug" in lines
+    table = [line for line in lines if line.startswith("| test_")]
+    assert table == [
+        "| test_a::pass | pass |   |",
+        "| test_a::fail | FAIL | got 503 \\| not 200 |",
+        "| test_a::bug | upstream bug: 713-resync-adds-deleting-pods | leaving=27 |",
+    ]
+    assert "<details><summary>evidence: test_a::fail</summary>" in lines
+    assert "POST /v1/completions -> 503, no pod" in lines
     assert "EVIDENCE-BUG" not in text
 
 
