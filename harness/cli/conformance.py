@@ -44,6 +44,8 @@ from typing import Any, Final, TextIO
 
 from harness.cli.console import Column, console, table
 from harness.cluster import go_binaries
+from harness.subject import flag_profiles
+from harness.subject.foreign_epp import EppCommand
 from harness.verdicts import departures
 
 HELP = "run the EPP-agnostic scenarios against any EPP command line and print a conformance table"
@@ -78,6 +80,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="PORTS",
         help="comma list of ports --epp-command binds whatever its flags say (default 8080; '' for none)",
     )
+    parser.add_argument(
+        "--epp-flags",
+        metavar="PROFILE",
+        choices=sorted(flag_profiles.PROFILES),
+        help="the EPP's flag dialect: v0.3 (camelCase), v1 (kebab-case), lwepp (default: from its --help)",
+    )
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
     parser.add_argument("-k", dest="keyword", help="only scenarios matching this pytest -k expression")
     parser.add_argument("--json", type=Path, help="also keep the per-scenario records (JSON) here")
@@ -100,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
         command = f"upstream:{version}"
     else:
         command = str(args.epp_command)
+        try:  # a flag dialect that does not fit is one clear error here, not one FAIL per scenario
+            EppCommand.from_text(command, args.epp_fixed_ports, args.epp_flags)
+        except flag_profiles.FlagProfileError as exc:
+            print(f"harness conformance: {exc}", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="epp-conformance-") as scratch:
         records_path = (args.json or Path(scratch) / "conformance.json").resolve()
         ini = Path(scratch) / "pytest.ini"
@@ -113,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             *(["-n", str(args.workers)] if args.workers > 0 else []),
             *(["-k", args.keyword] if args.keyword else []),
             *([f"--epp-fixed-ports={args.epp_fixed_ports}"] if args.epp_fixed_ports is not None else []),
+            *([f"--epp-flags={args.epp_flags}"] if args.epp_flags else []),
         ]  # fmt: skip
         print(f"running the EPP-agnostic scenarios against {command!r} ...", flush=True)
         returncode = subprocess.run(argv, cwd=scratch, check=False).returncode

@@ -22,7 +22,7 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Final
 
 from harness.base.binaries import kubectl_path
-from harness.cluster import go_binaries
+from harness.cluster import go_binaries, releases
 from harness.cluster.controlplane import FULL, MINIMAL, ControlPlane, ControlPlaneStartError
 
 if TYPE_CHECKING:
@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--crd-release",
         metavar="VERSION",
-        help="CRDs of this sigs.k8s.io/gateway-api-inference-extension release (default: the pinned one)",
+        help="CRDs of this sigs.k8s.io/gateway-api-inference-extension release: "
+        f"{', '.join(releases.RELEASES)} (default: ${releases.CRD_RELEASE_ENV}, else "
+        f"{releases.DEFAULT_CRD_RELEASE})",
     )
     up.add_argument(
         "--minimal", action="store_true", help="etcd + kube-apiserver only (no scheduler, no controllers)"
@@ -117,6 +119,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     Exit 1 if the start fails or a component dies while up; 130 if interrupted before it was ready.
     """
+    try:
+        release = args.crd_release or releases.default_release()
+        releases.check_release(release)
+    except releases.UnknownReleaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    note = None if args.no_crds else releases.supplement_note(release)
+    if note:
+        print(f"note: {note}", flush=True)
     if args.with_epp:
         from harness.cli.demo import up_with_epp
 

@@ -28,11 +28,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from harness.base.binaries import cache_root
-from harness.cluster import gobuild
+from harness.cluster import gobuild, releases
+from harness.cluster.releases import CRD_RELEASE_ENV, DEFAULT_CRD_RELEASE, default_release
+
+__all__ = ["CRD_RELEASE_ENV", "DEFAULT_CRD_RELEASE", "default_release"]  # also read from here
 
 CRD_MODULE: Final = "sigs.k8s.io/gateway-api-inference-extension"
-DEFAULT_CRD_RELEASE: Final = "v0.3.0"
-CRD_RELEASE_ENV: Final = "EPP_HARNESS_CRD_RELEASE"
 _MANIFEST_DIR: Final = "config/crd/bases"
 
 # The kinds the EPP reads, at the API version of the default release.
@@ -54,14 +55,26 @@ class CrdInstallError(RuntimeError):
     """The CRDs could not be fetched or installed, or were not served before the deadline."""
 
 
-def default_release() -> str:
-    """``$EPP_HARNESS_CRD_RELEASE`` or the pinned default (read at call time, never at import)."""
-    return os.environ.get(CRD_RELEASE_ENV) or DEFAULT_CRD_RELEASE
-
-
 def manifest_paths(release: str | None = None) -> list[Path]:
-    """The upstream CRD files of ``release``, from the harness cache (fetched into it on first use)."""
-    release = release or default_release()
+    """The upstream CRD files of ``release``, from the harness cache (fetched into it on first use).
+
+    A release that no longer ships the optional kinds gets them from the last one that did
+    (`harness.cluster.releases.supplement_release`); its own files win for every other kind.
+    """
+    release = releases.check_release(release or default_release())
+    paths = _release_files(release)
+    other = releases.supplement_release(release)
+    if other is not None:
+        names = {path.name for path in paths}
+        paths += [
+            path
+            for path in _release_files(other)
+            if path.name in releases.OPTIONAL_KIND_FILES and path.name not in names
+        ]
+    return paths
+
+
+def _release_files(release: str) -> list[Path]:
     directory = cache_root() / "crds" / CRD_MODULE.rsplit("/", 1)[-1] / release
     if not directory.is_dir():
         directory.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,10 @@
   or ``upstream`` / ``upstream:v0.3.0`` (the binary of ``harness build --upstream-epp``). A command
   line of unknown provenance is assumed to bind controller-runtime's ``:8080`` as upstream's does
   (``harness.subject.foreign_epp.CONTROLLER_RUNTIME_METRICS_PORT``), so two never run at once on a host;
-  ``--epp-fixed-ports=`` (empty) or a comma list says otherwise.
+  ``--epp-fixed-ports=`` (empty) or a comma list says otherwise. ``--epp-flags PROFILE`` (or
+  ``$EPP_HARNESS_EPP_FLAGS``) names its flag dialect (`harness.subject.flag_profiles`: ``v0.3``,
+  ``v1``, ``lwepp``), read off its ``--help`` when not given; a profile that does not fit stops the
+  run at once with the flag named, before any scenario.
   With an EPP command, only tests marked ``epp_agnostic`` run: the rest read our EPP's datastore
   view or pass our flags, and are skipped saying so.
 * The markers of `harness.verdicts.departures` (``epp_agnostic``, ``departure(name)``, ``upstream_bug(name)``)
@@ -28,10 +31,14 @@ from typing import Any, Final
 
 import pytest
 
+from harness.base.binaries import BinaryNotFoundError
+from harness.subject import flag_profiles
 from harness.subject.foreign_epp import CONTROLLER_RUNTIME_METRICS_PORT, EppCommand
 from harness.verdicts import departures
 
 EPP_COMMAND_ENV: Final = "EPP_HARNESS_EPP_COMMAND"
+EPP_FLAGS_ENV: Final = "EPP_HARNESS_EPP_FLAGS"
+_COMMAND: Final = pytest.StashKey["EppCommand | BinaryNotFoundError"]()
 _PROPERTY: Final = "conformance"
 _MESSAGE_CHARS: Final = 600
 
@@ -49,6 +56,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="comma list of ports the --epp-command binds whatever its flags say "
         f"(default {CONTROLLER_RUNTIME_METRICS_PORT}; empty for none)",
+    )
+    group.addoption(
+        "--epp-flags",
+        default=None,
+        metavar="PROFILE",
+        help=f"the --epp-command's flag dialect: {', '.join(flag_profiles.PROFILES)} (default: read off "
+        f"its --help; env {EPP_FLAGS_ENV})",
     )
     group.addoption("--conformance-json", default=None, help="write each test's conformance record here")
 
@@ -69,6 +83,15 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{departures.UPSTREAM_BUG}(name): checks behaviour a known upstream bug breaks "
         f"(one of {', '.join(departures.UPSTREAM_BUGS)})",
     )
+    text = command_text(config)
+    if text is not None:
+        flags = config.getoption("epp_flags") or os.environ.get(EPP_FLAGS_ENV) or None
+        try:
+            config.stash[_COMMAND] = EppCommand.from_text(text, config.getoption("epp_fixed_ports"), flags)
+        except BinaryNotFoundError as exc:  # an upstream release not built: each scenario skips, saying so
+            config.stash[_COMMAND] = exc
+        except flag_profiles.FlagProfileError as exc:
+            raise pytest.UsageError(f"--epp-command {text!r}: {exc}") from exc
     path = config.getoption("conformance_json")
     if path and getattr(config, "workerinput", None) is None:
         config.pluginmanager.register(_Recorder(config, Path(path)), "harness-conformance-recorder")
@@ -103,15 +126,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def epp_command(pytestconfig: pytest.Config) -> EppCommand | None:
     """The EPP the e2e Stacks run (``--epp-command``), or None for ours as `EppProcess` runs it."""
-    text = command_text(pytestconfig)
-    if text is None:
-        return None
-    from harness.base.binaries import BinaryNotFoundError
-
-    try:
-        return EppCommand.from_text(text, pytestconfig.getoption("epp_fixed_ports"))
-    except BinaryNotFoundError as exc:
-        pytest.skip(str(exc))
+    command = pytestconfig.stash.get(_COMMAND, None)
+    if isinstance(command, BinaryNotFoundError):
+        pytest.skip(str(command))
+    return command
 
 
 def _marker_name(item: pytest.Item, kind: str) -> str | None:

@@ -38,6 +38,7 @@ import pytest
 
 from harness.base import guards
 from harness.base.process import sweep_orphans, temp_prefix
+from harness.cluster import releases
 from harness.cluster.controlplane import ClusterAccess, ControlPlane
 from harness.cluster.namespaces import TEST_LABEL, create_namespace, namespace_name
 
@@ -78,6 +79,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{ALLOW_LEAKS_MARKER}: do not run the harness leak guard on this test"
     )
     release = config.getoption("crd_release")
+    try:
+        releases.default_release() if release is None else releases.check_release(release)
+    except releases.UnknownReleaseError as exc:
+        raise pytest.UsageError(str(exc)) from exc
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     if workerinput is not None and _WORKERINPUT_KEY in workerinput:
         config.stash[_OWNS_RUN_DIR] = False
@@ -89,6 +94,13 @@ def pytest_configure(config: pytest.Config) -> None:
     local = _LocalPlane(release)
     config.stash[_PLANE_SOURCE] = _PlaneSource(local.access, local)
     _stop_on_sigterm(config)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    release = config.getoption("crd_release") or releases.default_release()
+    generation = releases.generation_of(release)
+    note = releases.supplement_note(release)
+    return [f"harness: CRDs of {release} (API generation {generation.name})", *([note] if note else [])]
 
 
 @pytest.hookimpl(optionalhook=True)

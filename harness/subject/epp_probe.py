@@ -45,16 +45,23 @@ def health(address: str, service: str = "", timeout: float = 5.0) -> str:
 def tls_handshake(address: str, ca_pem: bytes, server_name: str, timeout: float = 2.0) -> None:
     """Complete a TLS handshake with the ext_proc port as Envoy does (CA, name, ALPN h2), or raise.
 
+    An empty ``ca_pem`` verifies nothing (as Envoy with ``UNVERIFIED_EXT_PROC_TLS``).
+
     gRPC health can say SERVING before the ext_proc listener exists (upstream's EPP reports it while
     still generating its key), so "ready for Envoy" needs this too. Raises ``OSError`` (including
     ``ssl.SSLError``) while the port is not serving TLS with a certificate for ``server_name``.
     """
     host, _, port = address.rpartition(":")
-    context = ssl.create_default_context(cadata=ca_pem.decode("ascii"))
+    if ca_pem:
+        context = ssl.create_default_context(cadata=ca_pem.decode("ascii"))
+    else:  # an EPP with a self-signed certificate of its own (lwepp): TLS and ALPN, nothing verified
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     context.set_alpn_protocols(["h2"])
     with (
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw,
-        context.wrap_socket(raw, server_hostname=server_name) as tls,
+        context.wrap_socket(raw, server_hostname=server_name or None) as tls,
     ):
         if tls.selected_alpn_protocol() != "h2":
             raise ssl.SSLError(

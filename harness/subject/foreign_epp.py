@@ -4,11 +4,13 @@
 ``--bindAddress``); an EPP under test has none of them. This module launches one knowing only what
 upstream's own manifests rely on, so the same code runs our EPP, upstream v0.3.0 and anyone else's:
 
-* **Flags**: upstream's names, which every EPP of this API accepts (ours too): ``--poolName``,
-  ``--poolNamespace``, ``--kubeconfig``, ``--grpcPort``, ``--grpcHealthPort``, ``--metricsPort``,
-  ``--certPath``, ``-v``. ``extra_args`` go to every EPP; ``ours_args`` (our Python-only flags:
-  ``--bindAddress``, ``--debugPort``, ``--maxRequestBodyBytes`` ...) only when
-  ``EppCommand.dialect == "ours"``. The ports are reserved by ``harness.base.ports``.
+* **Flags**: the names of the EPP's flag dialect (``EppCommand.flags``,
+  `harness.subject.flag_profiles`: v0.3's ``--poolName`` ..., v1's ``--pool-name`` ..., lwepp's
+  reduced set), detected from its ``--help`` unless given: pool name and namespace (and group, when
+  the Stack names one), kubeconfig, the three ports, the certificate directory, ``-v``.
+  ``extra_args`` go to every EPP; ``ours_args`` (our Python-only flags: ``--bindAddress``,
+  ``--debugPort``, ``--maxRequestBodyBytes`` ...) only when ``EppCommand.dialect == "ours"``. The
+  ports are reserved by ``harness.base.ports``.
 * **TLS Envoy can verify**: a certificate for ``<pool>-epp.<namespace>.svc`` from a fresh CA,
   handed over with ``--certPath`` (``tls.crt``/``tls.key``, upstream's layout);
   ``ForeignEpp.ext_proc_tls`` is what ``harness.dataplane.envoy.Envoy(ext_proc_tls=...)`` trusts. An EPP that
@@ -37,8 +39,8 @@ Usage (a running control plane ``plane`` and a pool ``my-pool`` in namespace ``n
             ...  # send requests to envoy.base_url
 
 Upstream v0.3.0 reads the KV-cache gauge as ``vllm:gpu_cache_usage_perc`` by default; simulators of
-vLLM >= 0.10 (the default) publish ``vllm:kv_cache_usage_perc``: pass
-``extra_args=["--kvCacheUsagePercentageMetric=vllm:kv_cache_usage_perc"]`` (``sim_metric_args``).
+vLLM >= 0.10 (the default) publish ``vllm:kv_cache_usage_perc``: its profile's ``metric_args`` say
+so (``sim_metric_args``; v1.5.0 reads the new name by default).
 Its ``/metrics`` wants a bearer token allowed by TokenReview/SubjectAccessReview, so nothing here
 reads it.
 
@@ -50,6 +52,7 @@ streaming one needs ``USE_STREAMING=true`` in its environment and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -67,9 +70,11 @@ from harness.base.eventually import eventually
 from harness.base.ports import LOOPBACK, PortReservation, claim_port, reserve_port
 from harness.base.process import ManagedProcess, temp_prefix
 from harness.cluster import go_binaries
+from harness.cluster.certs import UNVERIFIED_EXT_PROC_TLS, ExtProcTls
 from harness.dataplane.envoy import RequestBodyMode
-from harness.subject import epp_probe
+from harness.subject import epp_probe, flag_profiles
 from harness.subject.epp_process import EppProcessIdentity, serving_certificate
+from harness.subject.flag_profiles import FlagProfile
 
 Dialect = Literal["upstream", "ours"]
 
@@ -90,6 +95,7 @@ class EppCommand:
     # How its Envoy sends the request body (``EnvoyOptions.request_body_mode``); None: BUFFERED, the
     # harness's default (DESIGN.md §2), which every dialect speaks.
     request_body_mode: RequestBodyMode | None = None
+    flags: FlagProfile = flag_profiles.V0_3  # which flag names it takes
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -118,13 +124,15 @@ class EppCommand:
         return cls(tuple(shlex.split(command_line)), dialect, tuple(fixed_ports), label)
 
     @classmethod
-    def from_text(cls, text: str, fixed_ports: str | None = None) -> EppCommand:
-        """What a user types (``--epp-command``): ``ours``, ``upstream[:vX.Y.Z]``, or a command line in
-        the upstream dialect. A command line of unknown provenance is assumed to bind
-        controller-runtime's ``:8080`` as upstream's does (so two never run at once on a host) unless
-        ``fixed_ports`` (a comma list, ``""`` for none) says otherwise.
+    def from_text(cls, text: str, fixed_ports: str | None = None, flags: str | None = None) -> EppCommand:
+        """What a user types (``--epp-command``): ``ours``, ``upstream[:vX.Y.Z]``, or a command line.
+        A command line of unknown provenance is assumed to bind controller-runtime's ``:8080`` as
+        upstream's does (so two never run at once on a host) unless ``fixed_ports`` (a comma list,
+        ``""`` for none) says otherwise; its flag dialect is ``flags`` (a profile name, checked
+        against its ``--help``) or read off its ``--help``.
 
-        Raises ``BinaryNotFoundError`` for an upstream release that is not built.
+        Raises ``BinaryNotFoundError`` for an upstream release that is not built, and
+        ``FlagProfileError`` naming the flag when the profile does not fit the command.
         """
         if text == "ours":
             return cls.ours()
@@ -136,7 +144,8 @@ class EppCommand:
             if fixed_ports is None
             else tuple(int(p) for p in fixed_ports.split(",") if p.strip())
         )
-        return cls.parse(text, fixed_ports=ports)
+        command = cls.parse(text, fixed_ports=ports)
+        return dataclasses.replace(command, flags=flag_profiles.resolve(command.argv, flags))
 
     @classmethod
     def ours(cls) -> EppCommand:
@@ -157,14 +166,21 @@ class EppCommand:
                 f"upstream EPP v{version} is not built: run `harness build --upstream-epp v{version}` "
                 f"(or set $TEST_ASSET_UPSTREAM_EPP to a binary of that release)"
             )
-        return cls((str(path),), "upstream", (CONTROLLER_RUNTIME_METRICS_PORT,), f"upstream EPP v{version}")
+        profile = flag_profiles.V0_3 if version.startswith("0.") else flag_profiles.V1
+        return cls(
+            (str(path),),
+            "upstream",
+            (CONTROLLER_RUNTIME_METRICS_PORT,),
+            f"upstream EPP v{version}",
+            flags=profile,
+        )
 
 
-def sim_metric_args(command: EppCommand, kv_cache_metric: str = "vllm:kv_cache_usage_perc") -> list[str]:
+def sim_metric_args(command: EppCommand) -> list[str]:
     """Flags that point an upstream-dialect EPP at the simulators' metric names (ours finds either)."""
     if command.dialect == "ours":
         return []
-    return [f"--kvCacheUsagePercentageMetric={kv_cache_metric}"]
+    return list(command.flags.metric_args)
 
 
 @dataclass
@@ -180,6 +196,7 @@ class ForeignEpp(EppProcessIdentity):
     extra_env: Mapping[str, str] = field(default_factory=dict)
     verbosity: int = 2
     fixed_port_wait: float = 0.0
+    pool_group: str | None = None  # passed where the dialect has the flag (v1, lwepp)
     _ports: dict[str, PortReservation] = field(default_factory=dict, init=False)
     _fixed: list[PortReservation] = field(default_factory=list, init=False)
     _process: ManagedProcess | None = field(default=None, init=False)
@@ -189,17 +206,22 @@ class ForeignEpp(EppProcessIdentity):
     def argv(self) -> list[str]:
         """The full command line (ports must be reserved: after ``start()``)."""
         assert self._cert_dir is not None, "no certificate before start()"
+        flags = self.command.flags
         args = [
             *self.command.argv,
-            f"--poolName={self.pool_name}",
-            f"--poolNamespace={self.pool_namespace}",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--grpcPort={self.grpc_port}",
-            f"--grpcHealthPort={self.health_port}",
-            f"--metricsPort={self.metrics_port}",
-            f"--certPath={self._cert_dir}",
-            f"-v={self.verbosity}",
+            f"{flags.pool_name}={self.pool_name}",
+            f"{flags.pool_namespace}={self.pool_namespace}",
+            f"{flags.kubeconfig}={self.kubeconfig}",
+            f"{flags.grpc_port}={self.grpc_port}",
+            f"{flags.grpc_health_port}={self.health_port}",
+            f"{flags.metrics_port}={self.metrics_port}",
         ]
+        if flags.cert_path:
+            args.append(f"{flags.cert_path}={self._cert_dir}")
+        if flags.verbosity:
+            args.append(f"{flags.verbosity}={self.verbosity}")
+        if flags.pool_group and self.pool_group:
+            args.append(f"{flags.pool_group}={self.pool_group}")
         if self.command.dialect == "ours":
             args += [f"--bindAddress={LOOPBACK}", f"--debugPort={self._ports['debug'].port}", *self.ours_args]
         return [*args, *self.extra_args]
@@ -246,8 +268,18 @@ class ForeignEpp(EppProcessIdentity):
             ) from exc
 
     def _tls_ready(self) -> bool:
-        epp_probe.tls_handshake(self.ext_proc_address, self._ca_pem, self.server_name)
+        if self.command.flags.cert_path is None:  # its own self-signed certificate: TLS, unverified
+            epp_probe.tls_handshake(self.ext_proc_address, b"", "")
+        else:
+            epp_probe.tls_handshake(self.ext_proc_address, self._ca_pem, self.server_name)
         return True
+
+    @property
+    def ext_proc_tls(self) -> ExtProcTls:
+        """What Envoy trusts: our CA, or nothing for an EPP that takes no certificate (lwepp)."""
+        if self.command.flags.cert_path is None:
+            return UNVERIFIED_EXT_PROC_TLS
+        return super().ext_proc_tls
 
     def wait_serving(self, timeout: float = 30.0) -> None:
         """Until gRPC health is SERVING (the pool is known) and ext_proc completes a TLS handshake."""
@@ -314,8 +346,10 @@ class ForeignEpp(EppProcessIdentity):
             return None
         return f"http://{LOOPBACK}:{self._ports['debug'].port}"
 
-    def health(self, service: str = "") -> str:
-        return epp_probe.health(f"{LOOPBACK}:{self.health_port}", service)
+    def health(self, service: str | None = None) -> str:
+        """gRPC health of ``service``; by default the one of the EPP's dialect that says the pool is known."""
+        name = self.command.flags.health_service if service is None else service
+        return epp_probe.health(f"{LOOPBACK}:{self.health_port}", name)
 
     def log_tail(self, lines: int = 40) -> str:
         return self._process.log_tail(lines) if self._process is not None else ""

@@ -138,7 +138,8 @@ from pathlib import Path
 import pytest
 
 def plane_parents(kubeconfig):
-    # {binary name: parent pid} of the processes running in the plane's directory
+    # {component: parent pid} of the processes running in the plane's directory; a component is the
+    # binary's name, or the module `python -m` runs (whatever the interpreter's file is called)
     root = str(Path(kubeconfig).parent).encode()
     parents = {}
     for entry in os.scandir("/proc"):
@@ -148,7 +149,9 @@ def plane_parents(kubeconfig):
         except OSError:
             continue
         if any(root in arg for arg in argv[1:]):
-            parents[Path(argv[0].decode()).name] = int(stat.rsplit(")", 1)[1].split()[1])
+            module = argv[argv.index(b"-m") + 1].decode() if b"-m" in argv[1:-1] else None
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            parents[module or Path(argv[0].decode()).name] = parent
     return parents
 
 @pytest.mark.parametrize("n", range(6))
@@ -193,8 +196,9 @@ def test_xdist_run_shares_one_control_plane_and_leaves_nothing(
     # "ResourceWarning: subprocess N is still running").
     (controller,) = {r["ppid"] for r in records}
     for record in records:
-        assert record["plane_parents"] == dict.fromkeys(  # "python": python -m harness.nodeagent
-            ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "python"], controller
+        assert record["plane_parents"] == dict.fromkeys(
+            ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "harness.nodeagent"],
+            controller,
         )
 
     plane_dir = str(Path(records[0]["kubeconfig"]).parent)

@@ -7,12 +7,15 @@ import io
 import json
 import math
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from harness.cli.conformance import Row, classify, markdown, render
 from harness.subject.foreign_epp import CONTROLLER_RUNTIME_METRICS_PORT, EppCommand
 from harness.verdicts.traffic_oracle import _judge, requests_needed
+
+from .fake_epps import V0_3_HELP, V1_HELP, fake_epp
 
 INNER_TESTS = """
 import pytest
@@ -54,7 +57,8 @@ def test_records_name_the_departure_and_the_bug(pytester: pytest.Pytester) -> No
 
 def test_an_epp_command_runs_only_the_agnostic_tests(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner=INNER_TESTS)
-    result = pytester.runpytest_inprocess("-p", "no:randomly", "-rs", "--epp-command=/opt/any-epp --x")
+    epp = fake_epp(pytester.path, V1_HELP)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "-rs", f"--epp-command={epp} --x")
     result.assert_outcomes(passed=1, failed=2, skipped=1)
     result.stdout.fnmatch_lines(["*not EPP-agnostic*"])
 
@@ -119,14 +123,15 @@ def test_the_markdown_summary_is_one_row_per_scenario_with_failures_folded() -> 
     assert "EVIDENCE-BUG" not in text
 
 
-def test_epp_command_text() -> None:
+def test_epp_command_text(tmp_path: Path) -> None:
     assert EppCommand.from_text("ours").dialect == "ours"
-    foreign = EppCommand.from_text("/opt/epp --flag 'a b'")
-    assert foreign.argv == ("/opt/epp", "--flag", "a b")
+    epp = str(fake_epp(tmp_path, V0_3_HELP))
+    foreign = EppCommand.from_text(f"{epp} --flag 'a b'")
+    assert foreign.argv == (epp, "--flag", "a b")
     assert foreign.dialect == "upstream"
     assert foreign.fixed_ports == (CONTROLLER_RUNTIME_METRICS_PORT,)
-    assert EppCommand.from_text("/opt/epp", fixed_ports="").fixed_ports == ()
-    assert EppCommand.from_text("/opt/epp", fixed_ports="8080,9090").fixed_ports == (8080, 9090)
+    assert EppCommand.from_text(epp, fixed_ports="").fixed_ports == ()
+    assert EppCommand.from_text(epp, fixed_ports="8080,9090").fixed_ports == (8080, 9090)
 
 
 # ---------------------------------------------------------------------------------- traffic oracle
