@@ -33,6 +33,7 @@ PLUGGABLE_COMMANDS: Final = {
     "replay": "harness.scenarios.replay",
     "bench": "harness.cli.bench",
     "conformance": "harness.cli.conformance",
+    "assets": "harness.cli.assets",
 }
 _WATCH_INTERVAL: Final = 0.5
 

@@ -83,15 +83,7 @@ class Helm:
         values: Sequence[Path] = (),
         set_values: Mapping[str, str] = {},
     ) -> str:
-        return self.run(
-            "template",
-            release,
-            str(chart or chart_dir()),
-            "--namespace",
-            namespace,
-            *_values(values),
-            *_sets(set_values),
-        )
+        return self._release("template", release, namespace, chart, values, set_values)
 
     def install(
         self,
@@ -102,15 +94,20 @@ class Helm:
         set_values: Mapping[str, str] = {},
     ) -> str:
         """``helm install`` (no ``--wait``: readiness is what the caller checks, each its own way)."""
-        return self.run(
-            "install",
-            release,
-            str(chart or chart_dir()),
-            "--namespace",
-            namespace,
-            *_values(values),
-            *_sets(set_values),
-        )
+        return self._release("install", release, namespace, chart, values, set_values)
+
+    def _release(
+        self,
+        verb: str,
+        release: str,
+        namespace: str,
+        chart: Path | None,
+        values: Sequence[Path],
+        set_values: Mapping[str, str],
+    ) -> str:
+        """``helm <verb> <release> <chart>`` in ``namespace``: the chart the harness ships by default."""
+        where = [str(chart or chart_dir()), "--namespace", namespace]
+        return self.run(verb, release, *where, *_values(values), *_sets(set_values))
 
     def uninstall(self, release: str, namespace: str) -> str:
         return self.run("uninstall", release, "--namespace", namespace)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Upstream's own Go suites on the harness's binaries (issue 19): gateway-api-inference-extension
+# v1.5.0's test/integration/epp (the full EPP in-process against envtest) and v1.6.0's test/cel (the
+# InferencePool CRD's validation rules), with KUBEBUILDER_ASSETS=$(harness assets).
+#
+#   ci/upstream_suites.sh [integration|cel ...]     (default: both)
+#
+# The module cache is read-only, so each module is copied out to a scratch directory first; its test
+# dependencies come through the Go module proxy and build with the ordinary Go build cache. GOWORK=off:
+# a module zip holds no nested modules (v1.4.0+ list conformance/ in go.work).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODULE=sigs.k8s.io/gateway-api-inference-extension
+suites=("$@")
+[ ${#suites[@]} -gt 0 ] || suites=(integration cel)
+
+assets=$(.venv/bin/harness assets)
+echo "==> KUBEBUILDER_ASSETS=$assets"
+scratch=$(mktemp -d -t upstream-suites-XXXXXX)
+trap 'chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"' EXIT
+
+module_copy() {  # module_copy VERSION -> a writable copy of the module's source
+    local dir
+    dir=$(GOFLAGS=-mod=mod go mod download -json "$MODULE@$1" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    cp -r "$dir" "$scratch/$1"
+    chmod -R u+w "$scratch/$1"
+    echo "$scratch/$1"
+}
+
+status=0
+for suite in "${suites[@]}"; do
+    case "$suite" in
+        integration) version=v1.5.0; package=./test/integration/epp/... ;;
+        cel) version=v1.6.0; package=./test/cel/... ;;
+        *) echo "unknown suite $suite (integration, cel)" >&2; exit 2 ;;
+    esac
+    source=$(module_copy "$version")
+    echo "==> $MODULE@$version: go test $package"
+    start=$(date +%s)
+    if (cd "$source" && KUBEBUILDER_ASSETS="$assets" GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod go test -count=1 "$package" -v 2>&1 \
+            | tee "$scratch/$suite.log" | grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|PASS|FAIL|ok|Ran )' ); then :; fi
+    passed=$(grep -c -- '--- PASS' "$scratch/$suite.log" || true)
+    failed=$(grep -c -- '--- FAIL' "$scratch/$suite.log" || true)
+    echo "==> $suite ($MODULE@$version): $passed passed, $failed failed in $(( $(date +%s) - start )) s"
+    if [ "$failed" -ne 0 ] || ! grep -qE '^ok ' "$scratch/$suite.log"; then
+        tail -40 "$scratch/$suite.log"
+        status=1
+    fi
+done
+exit $status
