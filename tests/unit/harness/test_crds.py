@@ -34,7 +34,7 @@ def fake_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         release = module_at_version.rsplit("@", 1)[1]
         directory = tmp_path / "modules" / release
         bases = directory / "config" / "crd" / "bases"
-        if release != "v9.9.9-empty":
+        if release != "v1.3.0":  # the one release faked with no manifests
             bases.mkdir(parents=True, exist_ok=True)
             (bases / "example.com_widgets.yaml").write_bytes(CRD.replace(b"v1", release.encode()[:2]))
         return {"Dir": str(directory)}
@@ -58,15 +58,15 @@ def test_manifests_are_fetched_once_and_kept_byte_for_byte(fake_module: list[str
 def test_another_release_is_selected_by_argument_or_environment(
     fake_module: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert crds.manifest_paths("v1.2.3")[0].parent.name == "v1.2.3"
-    monkeypatch.setenv(crds.CRD_RELEASE_ENV, "v4.5.6")
-    assert crds.manifest_paths()[0].parent.name == "v4.5.6"
-    assert fake_module == [f"{crds.CRD_MODULE}@v1.2.3", f"{crds.CRD_MODULE}@v4.5.6"]
+    assert crds.manifest_paths("v1.2.0")[0].parent.name == "v1.2.0"
+    monkeypatch.setenv(crds.CRD_RELEASE_ENV, "v1.4.0")
+    assert crds.manifest_paths()[0].parent.name == "v1.4.0"
+    assert fake_module == [f"{crds.CRD_MODULE}@v1.2.0", f"{crds.CRD_MODULE}@v1.4.0"]
 
 
 def test_a_release_without_manifests_is_an_error_and_caches_nothing(
     fake_module: list[str], tmp_path: Path
 ) -> None:
     with pytest.raises(crds.CrdInstallError, match="has no config/crd/bases"):
-        crds.manifest_paths("v9.9.9-empty")
-    assert not (tmp_path / "cache/crds/gateway-api-inference-extension/v9.9.9-empty").exists()
+        crds.manifest_paths("v1.3.0")
+    assert not (tmp_path / "cache/crds/gateway-api-inference-extension/v1.3.0").exists()
