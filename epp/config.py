@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from epp.api.types import DEFAULT_POOL_GROUP, POOL_GROUPS
+
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_GRPC_HEALTH_PORT = 9003
 DEFAULT_METRICS_PORT = 9090
@@ -197,6 +199,10 @@ class WatchConfig:
 class ServerConfig:
     pool_name: str
     pool_namespace: str = DEFAULT_POOL_NAMESPACE
+    # Which API generation is served (DESIGN.md §1): `inference.networking.k8s.io` (InferencePool v1,
+    # InferenceObjective, InferenceModelRewrite) or `inference.networking.x-k8s.io` (v1alpha2:
+    # InferencePool, InferenceModel). Upstream's `--pool-group`.
+    pool_group: str = DEFAULT_POOL_GROUP
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_health_port: int = DEFAULT_GRPC_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
@@ -224,6 +230,8 @@ class ServerConfig:
         _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
         _non_negative("shutdown_delay", self.shutdown_delay)
         _non_negative("shutdown_grace_period", self.shutdown_grace_period)
+        if self.pool_group not in POOL_GROUPS:
+            raise ConfigError("pool_group", self.pool_group, f"must be one of {', '.join(POOL_GROUPS)}")
         if self.max_request_body_bytes < 1:
             raise ConfigError("max_request_body_bytes", self.max_request_body_bytes, "must be 1 or more")
         if self.ext_proc_transport not in EXT_PROC_TRANSPORTS:

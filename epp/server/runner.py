@@ -117,7 +117,13 @@ class Epp:
             client, pool_key = kube_client, NamespacedName(config.pool_namespace, config.pool_name)
 
             def watch_the_api(store: Datastore) -> ControllersLike:
-                return Controllers(client, store, pool_key, bookmark_interval=config.watch.bookmark_interval)
+                return Controllers(
+                    client,
+                    store,
+                    pool_key,
+                    bookmark_interval=config.watch.bookmark_interval,
+                    pool_group=config.pool_group,
+                )
 
             controllers = watch_the_api
         self._controllers_factory = controllers
@@ -358,9 +364,10 @@ class Epp:
         controllers = self._controllers = self._controllers_factory(store)
         sup.spawn("controllers", controllers.run())
         log.info(
-            "endpoint picker for pool %s/%s: ext_proc %s (%s), health %s, metrics %s",
+            "endpoint picker for pool %s/%s (%s): ext_proc %s (%s), health %s, metrics %s",
             config.pool_namespace,
             config.pool_name,
+            config.pool_group,
             host_port(config.bind_address, self.grpc_port),
             "TLS" if config.secure_serving else "plaintext",
             host_port(config.bind_address, self.health_port),

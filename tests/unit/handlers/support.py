@@ -22,7 +22,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import json_format
 from prometheus_client import CollectorRegistry
 
-from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.api import v1alpha2
+from epp.api.types import PodObject
 from epp.body import BodyScanner
 from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES, GRPCIO_TRANSPORT, H2_TRANSPORT
 from epp.datastore import Datastore, PodMetrics, new_datastore
@@ -111,7 +112,7 @@ class Env:
     # --- seeding through the public Protocol -----------------------------------------------------
     def pool(self, port: int = POOL_PORT) -> Env:
         self.datastore.pool_set(
-            InferencePool.from_api(PoolBuilder("pool").namespace(NS).selector(app="vllm").port(port).build())
+            v1alpha2.pool_from_api(PoolBuilder("pool").namespace(NS).selector(app="vllm").port(port).build())
         )
         return self
 
@@ -121,7 +122,7 @@ class Env:
             builder = builder.criticality(criticality)
         for target, weight in targets:
             builder = builder.target(target, weight=weight)
-        self.datastore.model_set_if_older(InferenceModel.from_api(builder.build()))
+        self.datastore.rewrite_set(v1alpha2.model_from_api(builder.build()))
         return self
 
     def pod(self, name: str, ip: str) -> Env:
