@@ -48,6 +48,7 @@ class FakeFetcher:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
         self.waiting: dict[str, int] = {}
+        self.waiting_at: dict[tuple[str, int], int] = {}  # per address and port, before `waiting`
         self.hooks: dict[str, Callable[[], Awaitable[None]]] = {}
 
     async def fetch(self, address: str, port: int) -> str:
@@ -55,7 +56,7 @@ class FakeFetcher:
         hook = self.hooks.get(address)
         if hook is not None:
             await hook()
-        return page(self.waiting.get(address, 1))
+        return page(self.waiting_at.get((address, port), self.waiting.get(address, 1)))
 
     def count(self, address: str) -> int:
         return sum(1 for a, _ in self.calls if a == address)
@@ -101,6 +102,41 @@ def test_first_scrape_is_immediate() -> None:
 
         await eventually_async(scraped)
         assert fetcher.calls == [("10.0.0.1", 8000)]
+
+    run(scenario, interval=NEVER)
+
+
+def test_each_rank_is_scraped_on_its_own_port_and_stops_when_its_port_goes() -> None:
+    """One refresher per endpoint (pod and target port): the ranks of one pod never share metrics, and a
+    shrink of the pool's target ports stops the removed rank's loop (upstream #2306)."""
+
+    async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
+        ranks = InferencePool(
+            key=NamespacedName(NS, "pool"), selector={"app": "vllm"}, target_ports=(8000, 8001)
+        )
+        store.pool_set(ranks)
+        fetcher.waiting_at[("10.0.0.1", 8001)] = 9
+        store.pod_update_or_add(pod("p1", "10.0.0.1"))
+
+        async def scraped() -> None:
+            assert [
+                e.metrics.waiting_queue_size for e in sorted(store.pod_get_all(), key=lambda e: e.pod.key)
+            ] == [
+                1,
+                9,
+            ]
+
+        await eventually_async(scraped)
+        assert sorted(fetcher.calls) == [("10.0.0.1", 8000), ("10.0.0.1", 8001)]
+        assert refreshers.active() == {EndpointKey(NS, "p1", 0), EndpointKey(NS, "p1", 1)}
+
+        store.pool_set(pool())
+
+        async def stopped() -> None:
+            assert refreshers.active() == {EndpointKey(NS, "p1", 0)}
+            assert len(refresher_tasks()) == 1
+
+        await eventually_async(stopped)
 
     run(scenario, interval=NEVER)
 

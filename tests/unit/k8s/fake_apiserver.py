@@ -25,6 +25,10 @@ POD_PATH = "/api/v1/namespaces/ns1/pods"
 GROUP_PREFIX = "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/ns1"
 POOL_PATH = f"{GROUP_PREFIX}/inferencepools"
 MODEL_PATH = f"{GROUP_PREFIX}/inferencemodels"
+# The v1 generation: InferencePool v1, and the optional kinds of the experimental group.
+V1_POOL_PATH = "/apis/inference.networking.k8s.io/v1/namespaces/ns1/inferencepools"
+OBJECTIVE_PATH = f"{GROUP_PREFIX}/inferenceobjectives"
+REWRITE_PATH = f"{GROUP_PREFIX}/inferencemodelrewrites"
 
 
 @dataclass
@@ -60,6 +64,10 @@ class FakeApiServer:
         # (a watch that sends its headers and then nothing, ever: a half-open connection's view).
         self.list_faults: deque[str] = deque()
         self.watch_faults: deque[str] = deque()
+        # Collections whose CRD is not installed (404 NotFound) or that RBAC forbids (403), for list
+        # and watch alike, until the test takes them out again.
+        self.absent: set[str] = set()
+        self.forbidden: set[str] = set()
         self._ssl = ssl_context
         self._changed = asyncio.Event()
         self._closing = False
@@ -149,8 +157,10 @@ class FakeApiServer:
         fault = faults.popleft() if faults else ""
         if fault == "500":
             return _status(500, "InternalError", "scripted failure")
-        if fault == "403":
+        if fault == "403" or request.path in self.forbidden:
             return _status(403, "Forbidden", 'pods is forbidden: User "x" cannot list')
+        if request.path in self.absent:
+            return _status(404, "NotFound", "the server could not find the requested resource")
         coll = self.collections.setdefault(request.path, Collection())
         if not watch:
             return self._list(coll, query)
