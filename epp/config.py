@@ -195,6 +195,32 @@ class WatchConfig:
             )
 
 
+# `--ha-enable-leader-election` (epp.k8s.leader): client-go's defaults.
+DEFAULT_LEASE_DURATION = 15.0
+DEFAULT_RENEW_DEADLINE = 10.0
+DEFAULT_RETRY_PERIOD = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElectionConfig:
+    """Off by default (active-active replicas, DESIGN.md §4); on, only the Lease holder is SERVING."""
+
+    enabled: bool = False
+    identity: str = ""  # "" = the host name and a random suffix, chosen at start
+    lease_duration: float = DEFAULT_LEASE_DURATION
+    renew_deadline: float = DEFAULT_RENEW_DEADLINE
+    retry_period: float = DEFAULT_RETRY_PERIOD
+
+    def __post_init__(self) -> None:
+        _positive("leader_election_retry_period", self.retry_period)
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ConfigError(
+                "leader_election_renew_deadline",
+                self.renew_deadline,
+                "needs retry period < renew deadline < lease duration",
+            )
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     pool_name: str
@@ -225,6 +251,7 @@ class ServerConfig:
     watch: WatchConfig = field(default_factory=WatchConfig)
     shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
     shutdown_grace_period: float = DEFAULT_SHUTDOWN_GRACE_PERIOD
+    leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
 
     def __post_init__(self) -> None:
         _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
