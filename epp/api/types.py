@@ -224,11 +224,6 @@ class ModelRewrite:
         return (self.created, self.key)
 
 
-# The old name, for harness/planted.py until the harness reorganisation lets it change (see
-# epp.api.reader): an InferenceModel is held as the rewrite it converts to.
-InferenceModel = ModelRewrite
-
-
 @dataclass(frozen=True, slots=True)
 class RewriteMatch:
     """The rule that decides a model: which object, which of its rules, and whether it matched by name."""

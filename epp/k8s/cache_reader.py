@@ -64,10 +64,6 @@ class CacheReader:
             (r for r in self._rewrites.objects() if r.key.namespace == namespace), key=lambda r: r.key
         )
 
-    # The old names (epp.api.reader).
-    get_model = get_rewrite
-    list_models = list_rewrites
-
     def get_pod(self, key: NamespacedName) -> PodObject | None:
         return self._pods.get(key)
 

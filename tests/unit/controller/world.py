@@ -53,9 +53,6 @@ class FakeReader:
     def list_rewrites(self, namespace: str) -> Sequence[ModelRewrite]:
         return [r for k, r in sorted(self.rewrites.items()) if k.namespace == namespace]
 
-    get_model = get_rewrite
-    list_models = list_rewrites
-
     def get_pod(self, key: NamespacedName) -> PodObject | None:
         return self.pods.get(key)
 

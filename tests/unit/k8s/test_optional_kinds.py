@@ -18,8 +18,8 @@ from epp.datastore import Datastore, new_datastore
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import KubeClient
 from epp.k8s.controllers import Controllers
-from harness.cluster.builders import PodBuilder
 from harness.base.eventually import eventually_async
+from harness.cluster.builders import PodBuilder
 from tests.unit.api import objects
 
 from .fake_apiserver import MODEL_PATH, OBJECTIVE_PATH, POD_PATH, REWRITE_PATH, V1_POOL_PATH, FakeApiServer

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.config import LeaderElectionConfig
 from epp.server.runner import Epp, LeaderElectorLike
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 from .support import LOOPBACK_CONFIG, NoScrapes, SeedingControllers, seed_pool
 from .test_drain import NOT_SERVING, SERVING, health
