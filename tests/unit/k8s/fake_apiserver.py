@@ -77,6 +77,8 @@ class FakeApiServer:
     # --- lifecycle ----------------------------------------------------------------------------
     async def __aenter__(self) -> FakeApiServer:
         app = web.Application()
+        app.router.add_post("/{tail:.*}", self._create)
+        app.router.add_put("/{tail:.*}", self._replace)
         app.router.add_get("/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -145,8 +147,39 @@ class FakeApiServer:
         changed.set()
 
     # --- HTTP ---------------------------------------------------------------------------------
+    # --- single objects (the EPP's Lease): GET by name, POST to the collection, PUT with a resourceVersion
+    async def _create(self, request: web.Request) -> web.Response:
+        obj = await request.json()
+        coll = self.collections.setdefault(request.path, Collection())
+        if obj["metadata"]["name"] in coll.objects:
+            return _status(409, "AlreadyExists", "already exists")
+        return web.json_response(self.upsert(request.path, obj), status=201)
+
+    async def _replace(self, request: web.Request) -> web.Response:
+        collection, _, name = request.path.rpartition("/")
+        obj = await request.json()
+        current = self.collections.setdefault(collection, Collection()).objects.get(name)
+        if current is None:
+            return _status(404, "NotFound", f"{name} not found")
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", "the object has been modified")
+        return web.json_response(self.upsert(collection, obj))
+
+    def _get_one(self, path: str) -> web.Response | None:
+        """GET of one Lease (the only kind read by name); None for any other path (a collection)."""
+        collection, _, name = path.rpartition("/")
+        if not collection.endswith("/leases"):
+            return None
+        found = self.collections.setdefault(collection, Collection()).objects.get(name)
+        if found is None:
+            return _status(404, "NotFound", f"{name} not found")
+        return web.json_response(found)
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         query = dict(request.query)
+        one = self._get_one(request.path) if "watch" not in query else None
+        if one is not None:
+            return one
         watch = query.get("watch") in ("true", "1")
         peer = request.transport.get_extra_info("peername") if request.transport is not None else None
         self.requests.append(

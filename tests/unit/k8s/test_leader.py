@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from epp.api import NamespacedName
+from epp.k8s.client import KubeClient
 from epp.k8s.errors import ApiError, KubeConnectionError
 from epp.k8s.leader import (
     CREATE,
+    LEASES,
     RENEW,
     TAKE,
     WAIT,
@@ -26,6 +28,9 @@ from epp.k8s.leader import (
     Observed,
     decide,
 )
+
+from .fake_apiserver import FakeApiServer
+from .support import plain_config, run
 
 POOL = NamespacedName("ns1", "pool")
 
@@ -195,3 +200,29 @@ def test_settings_are_checked() -> None:
         LeaseSettings("")
     with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
         LeaseSettings("a", lease_duration=10.0, renew_deadline=10.0)
+
+
+def test_the_lease_goes_through_the_real_client() -> None:
+    """KubeClient's get/create/replace against the fake API server: 404 is None, a stale write 409."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            clock = Clock()
+            a, b = elector(client, clock, "a"), elector(client, clock, "b")
+            await a.try_once()
+            await b.try_once()
+            assert (a.is_leader, b.is_leader) == (True, False)
+            path = f"{LEASES.format(namespace='ns1')}/{a.lease_name}"
+            stored = await client.get_object(path)
+            assert stored is not None
+            assert stored["spec"]["holderIdentity"] == "a"
+            assert await client.get_object(f"{LEASES.format(namespace='ns1')}/nothing") is None
+            stale = {**stored, "metadata": {**stored["metadata"], "resourceVersion": "1"}}
+            with pytest.raises(ApiError) as conflict:
+                await client.replace_object(path, stale)
+            assert conflict.value.status == 409
+            await a.release()
+            await b.try_once()
+            assert b.is_leader
+
+    run(main)
