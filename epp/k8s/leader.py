@@ -136,6 +136,7 @@ class LeaderElector:
         self._leader = False
         self._renewed_at = 0.0  # monotonic time of our last successful write as leader
         self._released = False
+        self._failing = False
 
     @property
     def is_leader(self) -> bool:
@@ -160,13 +161,17 @@ class LeaderElector:
             self._observe(lease, now)
             step = decide(lease, self._settings.identity, self._observed, now)
             if step == WAIT:
+                self._failing = False
                 self._set_leader(False)
                 return
             await self._write(step, lease)
+            self._failing = False
             self._renewed_at = now
             self._set_leader(True)
         except KubeError as exc:
-            log.debug("leader election: %s", exc)
+            # Say it once per failure streak (RBAC without leases would otherwise be silent forever).
+            log.log(logging.DEBUG if self._failing else logging.WARNING, "leader election: %s", exc)
+            self._failing = True
             if self._leader and now - self._renewed_at >= self._settings.renew_deadline:
                 log.warning(
                     "leader election: could not renew for %gs: %s", self._settings.renew_deadline, exc
