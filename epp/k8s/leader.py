@@ -11,8 +11,8 @@ The rules are client-go's leaderelection, small:
   there is none, renew it when it is ours, take it when its holder is empty or it has not changed for
   `lease_duration` as *we* observed it (our monotonic clock: no trust in other replicas' clocks),
   else wait;
-- a leader that cannot renew for `renew_deadline` stops being leader (NOT_SERVING) before its Lease
-  can expire for the others (renew_deadline < lease_duration);
+- a leader that has not renewed for `renew_deadline` stops being leader (NOT_SERVING) before its
+  Lease can expire for the others (renew_deadline < lease_duration), even while a call hangs;
 - writes carry the resourceVersion read, so of two replicas taking an expired Lease only one wins
   (the other gets 409 Conflict);
 - `release()` (on drain or stop) empties the holder, so the next replica takes over within one
@@ -140,7 +140,9 @@ class LeaderElector:
 
     @property
     def is_leader(self) -> bool:
-        return self._leader
+        """Holding the Lease, renewed within the renew deadline: a renewal stuck in a hung API call
+        must not keep us SERVING after the others may take the Lease."""
+        return self._leader and self._monotonic() - self._renewed_at < self._settings.renew_deadline
 
     @property
     def lease_name(self) -> str:

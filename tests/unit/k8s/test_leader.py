@@ -195,6 +195,19 @@ def test_a_leader_that_cannot_renew_steps_down_before_its_lease_expires() -> Non
     asyncio.run(main())
 
 
+def test_a_renewal_stuck_in_a_hung_call_does_not_keep_the_leader_serving() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), Clock()
+        a = elector(store, clock, "a")
+        await a.try_once()
+        clock.now += 9.9
+        assert a.is_leader
+        clock.now += 0.1  # no try_once returned meanwhile (the API hangs): the deadline alone decides
+        assert not a.is_leader
+
+    asyncio.run(main())
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="identity"):
         LeaseSettings("")
