@@ -14,13 +14,13 @@ import asyncio
 import os
 import signal
 import sys
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from epp.api import NamespacedName, ObjectReader
 from epp.config import ServerConfig
 from epp.controller import PodReconciler
-from epp.datastore import Datastore
 from epp.k8s import Controllers, KubeClient, load_config
 from epp.k8s.controllers import Reconcile, Reconcilers
 from epp.server.flags import parse_flags
@@ -28,8 +28,9 @@ from epp.server.runner import ControllersFactory, Epp
 from harness.stress.planted import PodRewritingReader, never_deleting
 
 
-def deletion_blind_pods(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
-    """The production pod reconciler, reading pods through the defective reader."""
+def deletion_blind_pods(reader: ObjectReader, store: Any, pool: NamespacedName) -> Reconcile:
+    """The production pod reconciler, reading pods through the defective reader (the store is the
+    EPP's, as wired: never touched here)."""
     return PodReconciler(PodRewritingReader(reader, never_deleting), store).reconcile
 
 
