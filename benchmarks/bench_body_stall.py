@@ -41,7 +41,8 @@ MAX_MESSAGE = 64 * 1024 * 1024
 async def serve() -> None:
     from prometheus_client import CollectorRegistry
 
-    from epp.api.types import InferenceModel, InferencePool, PodObject
+    from epp.api import v1alpha2
+    from epp.api.types import PodObject
     from epp.backend.metrics import ScrapeError
     from epp.config import ServerConfig
     from epp.server.runner import Epp
@@ -57,8 +58,8 @@ async def serve() -> None:
             meta = {"namespace": "default", "creationTimestamp": "2025-01-01T00:00:00Z"}
             spec = {"selector": {"app": "vllm"}, "targetPortNumber": 8000}
             pool = build("InferencePool", {"metadata": {**meta, "name": "pool"}, "spec": spec})
-            self._store.pool_set(InferencePool.from_api(pool))
-            self._store.model_set_if_older(InferenceModel.from_api(build("InferenceModel", {
+            self._store.pool_set(v1alpha2.pool_from_api(pool))
+            self._store.rewrite_set(v1alpha2.model_from_api(build("InferenceModel", {
                 "metadata": {**meta, "name": "chat"},
                 "spec": {"modelName": "chat", "criticality": "Critical", "poolRef": {"name": "pool"},
                          "targetModels": [{"name": "chat-lora", "weight": 1}]},

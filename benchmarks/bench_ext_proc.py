@@ -30,7 +30,18 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
-from epp.api.types import Criticality, InferenceModel, InferencePool, NamespacedName, PodObject, TargetModel
+from epp.api.types import (
+    V1ALPHA2_GROUP,
+    InferencePool,
+    ModelRewrite,
+    NamespacedName,
+    Objective,
+    PodObject,
+    PoolRef,
+    RewriteRule,
+    TargetModel,
+    endpoint_key,
+)
 from epp.config import EXT_PROC_TRANSPORTS, GRPCIO_TRANSPORT, H2_TRANSPORT, SchedulerConfig
 from epp.datastore import Datastore, Metrics, new_datastore
 from epp.h2 import GrpcServer
@@ -47,21 +58,23 @@ MESSAGES_PER_REQUEST = 3
 def _seeded_store(clock: float) -> Datastore:
     """10 pods with fresh metrics; `llama-3-8b` passes through, `sql-lora` is rewritten to a target."""
     store = new_datastore()
-    store.pool_set(InferencePool(NamespacedName("default", "pool"), {"app": "vllm"}, 8000))
-    store.model_set_if_older(InferenceModel(NamespacedName("default", "m1"), "llama-3-8b", "pool"))
-    store.model_set_if_older(
-        InferenceModel(
+    pool = InferencePool(NamespacedName("default", "pool"), {"app": "vllm"}, (8000,), group=V1ALPHA2_GROUP)
+    store.pool_set(pool)
+    ref = PoolRef(V1ALPHA2_GROUP, "pool")
+    store.rewrite_set(ModelRewrite(NamespacedName("default", "m1"), ref, (RewriteRule(("llama-3-8b",)),)))
+    store.rewrite_set(
+        ModelRewrite(
             NamespacedName("default", "m3"),
-            "sql-lora",
-            "pool",
-            criticality=Criticality.CRITICAL,
-            target_models=(TargetModel("sql-lora-v1", 50), TargetModel("sql-lora-v2", 50)),
+            ref,
+            (RewriteRule(("sql-lora",), (TargetModel("sql-lora-v1", 50), TargetModel("sql-lora-v2", 50))),),
+            objective=Objective(NamespacedName("default", "m3"), ref, priority=1),
         )
     )
     rng = random.Random(1)
     for i in range(PODS):
         key = NamespacedName("default", f"vllm-{i}")
         store.pod_update_or_add(PodObject(key, {"app": "vllm"}, f"10.0.0.{i + 1}", ready=True))
+        key = endpoint_key(key)
         store.pod_update_metrics_if_exist(
             key,
             Metrics(

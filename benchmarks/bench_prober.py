@@ -126,7 +126,7 @@ async def probe(n: int, port: int, seconds: float) -> None:
     fetcher = CountingFetcher(MetricsFetcher(session))
     refreshers = await PodRefreshers.create(fetcher, ProberConfig(refresh_interval=INTERVAL))
     store = new_datastore(refreshers)
-    store.pool_set(InferencePool(NamespacedName("default", "pool"), {"app": "vllm"}, port))
+    store.pool_set(InferencePool(NamespacedName("default", "pool"), {"app": "vllm"}, (port,)))
     try:
         for i in range(n):
             store.pod_update_or_add(

@@ -13,7 +13,7 @@ import contextlib
 import random
 import time
 
-from epp.api.types import NamespacedName
+from epp.api.types import EndpointKey
 from epp.config import SchedulerConfig
 from epp.datastore.types import Metrics, Pod, PodMetrics
 from epp.errors import EppError
@@ -30,7 +30,7 @@ def make_pods(n: int, rng: random.Random) -> list[PodMetrics]:
         running = frozenset(rng.sample(ADAPTERS, rng.randint(0, 3)))
         pods.append(
             PodMetrics(
-                Pod(NamespacedName("default", f"pod-{i}"), f"10.{i // 250}.{i % 250}.1"),
+                Pod(EndpointKey("default", f"pod-{i}"), f"10.{i // 250}.{i % 250}.1", 8000),
                 Metrics(
                     waiting_queue_size=rng.choice([0, 0, 1, 2, 3, 5, 8, 20, 150]),
                     kv_cache_usage=rng.random(),

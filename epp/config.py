@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from epp.api.types import DEFAULT_POOL_GROUP, POOL_GROUPS
+
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_GRPC_HEALTH_PORT = 9003
 DEFAULT_METRICS_PORT = 9090
@@ -193,10 +195,40 @@ class WatchConfig:
             )
 
 
+# `--ha-enable-leader-election` (epp.k8s.leader): client-go's defaults.
+DEFAULT_LEASE_DURATION = 15.0
+DEFAULT_RENEW_DEADLINE = 10.0
+DEFAULT_RETRY_PERIOD = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElectionConfig:
+    """Off by default (active-active replicas, DESIGN.md §4); on, only the Lease holder is SERVING."""
+
+    enabled: bool = False
+    identity: str = ""  # "" = the host name and a random suffix, chosen at start
+    lease_duration: float = DEFAULT_LEASE_DURATION
+    renew_deadline: float = DEFAULT_RENEW_DEADLINE
+    retry_period: float = DEFAULT_RETRY_PERIOD
+
+    def __post_init__(self) -> None:
+        _positive("leader_election_retry_period", self.retry_period)
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ConfigError(
+                "leader_election_renew_deadline",
+                self.renew_deadline,
+                "needs retry period < renew deadline < lease duration",
+            )
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     pool_name: str
     pool_namespace: str = DEFAULT_POOL_NAMESPACE
+    # Which API generation is served (DESIGN.md §1): `inference.networking.k8s.io` (InferencePool v1,
+    # InferenceObjective, InferenceModelRewrite) or `inference.networking.x-k8s.io` (v1alpha2:
+    # InferencePool, InferenceModel). Upstream's `--pool-group`.
+    pool_group: str = DEFAULT_POOL_GROUP
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_health_port: int = DEFAULT_GRPC_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
@@ -219,11 +251,14 @@ class ServerConfig:
     watch: WatchConfig = field(default_factory=WatchConfig)
     shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
     shutdown_grace_period: float = DEFAULT_SHUTDOWN_GRACE_PERIOD
+    leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
 
     def __post_init__(self) -> None:
         _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
         _non_negative("shutdown_delay", self.shutdown_delay)
         _non_negative("shutdown_grace_period", self.shutdown_grace_period)
+        if self.pool_group not in POOL_GROUPS:
+            raise ConfigError("pool_group", self.pool_group, f"must be one of {', '.join(POOL_GROUPS)}")
         if self.max_request_body_bytes < 1:
             raise ConfigError("max_request_body_bytes", self.max_request_body_bytes, "must be 1 or more")
         if self.ext_proc_transport not in EXT_PROC_TRANSPORTS:

@@ -1,5 +1,6 @@
 """Pod reconciler: a pod is in the store iff it is in the pool's namespace, matches the selector,
-is Ready, has a podIP and no deletionTimestamp (epp-behaviour.md §2.2.6, DESIGN.md §2).
+is Ready, has a podIP and no deletionTimestamp (epp-behaviour.md §2.2.6, DESIGN.md §2). The store
+makes its endpoints, one per target port of the pool.
 
 Events before any pool are dropped without retry: setting the pool resyncs every pod.
 """
@@ -8,14 +9,14 @@ from __future__ import annotations
 
 import logging
 
-from epp.api import NamespacedName, ObjectReader
+from epp.api import NamespacedName, PodReader
 from epp.datastore import Datastore
 
 log = logging.getLogger(__name__)
 
 
 class PodReconciler:
-    def __init__(self, reader: ObjectReader, store: Datastore) -> None:
+    def __init__(self, reader: PodReader, store: Datastore) -> None:
         self._reader = reader
         self._store = store
 

@@ -1,9 +1,10 @@
 """InferencePool reconciler: the pool drives everything else in the store.
 
-NotFound or deleting clears the store (pods, models, pool). A first-seen or re-created pool, or a
-selector change, resyncs pods from the cache; a port-only change just replaces the pool, because
-the port is applied per response. A (re-)created pool also re-lists its models: `clear()` dropped
-them and upstream never brought them back until each model happened to change (DESIGN.md §2).
+NotFound or deleting clears the store (pods, objectives, rewrites, pool). A first-seen or re-created
+pool, or a selector change, resyncs pods from the cache; a target-ports change is applied by the
+store itself when the pool is set (endpoints added, removed or renumbered at once). A (re-)created
+pool also re-lists the objectives and rewrites bound to it: `clear()` dropped them and upstream never
+brought them back until each happened to change (DESIGN.md §2).
 """
 
 from __future__ import annotations
@@ -37,20 +38,19 @@ class PoolReconciler:
         if old is None or dict(old.selector) != dict(pool.selector):
             self._resync_pods(pool)
         if old is None:
-            self._relist_models(pool)
+            self._relist_bound(pool)
 
     def _resync_pods(self, pool: InferencePool) -> None:
         candidates = self._reader.list_pods(pool.key.namespace, pool.selector)
         # pool.matches also rejects an empty selector, exactly as the pod reconciler does.
         self._store.pod_resync(p for p in candidates if pool.matches(p.labels) and p.routable)
-        log.info("pool %s: pods resynced (%d present)", pool.key, len(self._store.pod_get_all()))
+        log.info("pool %s: pods resynced (%d endpoints)", pool.key, len(self._store.pod_get_all()))
 
-    def _relist_models(self, pool: InferencePool) -> None:
-        claims = [
-            m
-            for m in self._reader.list_models(pool.key.namespace)
-            if m.pool_name == pool.key.name and not m.deleting
-        ]
-        # Oldest first, so each modelName goes to its oldest claimant whatever the cache order.
-        for model in sorted(claims, key=lambda m: m.claim_order):
-            self._store.model_set_if_older(model)
+    def _relist_bound(self, pool: InferencePool) -> None:
+        namespace = pool.key.namespace
+        for objective in self._reader.list_objectives(namespace):
+            if not objective.deleting and pool.binds(objective.pool_ref):
+                self._store.objective_set(objective)
+        for rewrite in self._reader.list_rewrites(namespace):
+            if not rewrite.deleting and pool.binds(rewrite.pool_ref):
+                self._store.rewrite_set(rewrite)

@@ -12,21 +12,21 @@ from __future__ import annotations
 import collections
 from collections.abc import Mapping, Sequence
 
-from epp.api.types import NamespacedName
+from epp.api.types import EndpointKey
 
 
 class PrefixIndex:
     def __init__(self, capacity_per_pod: int) -> None:
         self._capacity = capacity_per_pod
         # pod -> its block hashes, least recently routed first.
-        self._lru: dict[NamespacedName, collections.OrderedDict[int, None]] = {}
+        self._lru: dict[EndpointKey, collections.OrderedDict[int, None]] = {}
         # block hash -> the pods that hold it (the inverse of `_lru`, for matching).
-        self._holders: dict[int, set[NamespacedName]] = {}
+        self._holders: dict[int, set[EndpointKey]] = {}
 
-    def matches(self, hashes: Sequence[int]) -> Mapping[NamespacedName, int]:
+    def matches(self, hashes: Sequence[int]) -> Mapping[EndpointKey, int]:
         """For each pod holding a prefix of ``hashes``, the number of leading blocks it holds."""
-        found: dict[NamespacedName, int] = {}
-        candidates: set[NamespacedName] | None = None
+        found: dict[EndpointKey, int] = {}
+        candidates: set[EndpointKey] | None = None
         for count, h in enumerate(hashes, start=1):
             holders = self._holders.get(h)
             if not holders:
@@ -38,7 +38,7 @@ class PrefixIndex:
                 found[pod] = count
         return found
 
-    def record(self, pod: NamespacedName, hashes: Sequence[int]) -> None:
+    def record(self, pod: EndpointKey, hashes: Sequence[int]) -> None:
         if not hashes or self._capacity <= 0:
             return
         lru = self._lru.setdefault(pod, collections.OrderedDict())
@@ -52,7 +52,7 @@ class PrefixIndex:
             old, _ = lru.popitem(last=False)
             self._drop(old, pod)
 
-    def forget(self, pod: NamespacedName) -> None:
+    def forget(self, pod: EndpointKey) -> None:
         for h in self._lru.pop(pod, {}):
             self._drop(h, pod)
 
@@ -60,7 +60,7 @@ class PrefixIndex:
         self._lru.clear()
         self._holders.clear()
 
-    def _drop(self, h: int, pod: NamespacedName) -> None:
+    def _drop(self, h: int, pod: EndpointKey) -> None:
         holders = self._holders.get(h)
         if holders is not None:
             holders.discard(pod)

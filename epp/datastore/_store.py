@@ -15,8 +15,18 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from epp.api.types import InferenceModel, InferencePool, NamespacedName, PodObject
+from epp.api.types import (
+    EndpointKey,
+    InferencePool,
+    ModelRewrite,
+    NamespacedName,
+    Objective,
+    PodObject,
+    RewriteMatch,
+    endpoint_key,
+)
 from epp.datastore._prefix import PrefixIndex
+from epp.datastore._rewrites import RewriteIndex
 from epp.datastore.types import Dispatched, Metrics, Pod, PodMetrics
 
 if TYPE_CHECKING:
@@ -25,8 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# What `_put_pod` did to a pod, i.e. what the lifecycle listener must hear.
-_ADDED, _MOVED, _UNCHANGED = "added", "moved", "unchanged"
+# What a write did to an endpoint, i.e. what the lifecycle listener must hear.
+_ADDED, _MOVED, _REMOVED, _UNCHANGED = "added", "moved", "removed", "unchanged"
+Change = tuple[str, EndpointKey]
 
 
 DEFAULT_PREFIX_CAPACITY_PER_POD = 32768
@@ -34,24 +45,34 @@ DEFAULT_PREFIX_CAPACITY_PER_POD = 32768
 
 class _Store:
     def __init__(self, listener: PodLifecycleListener | None, prefix_capacity_per_pod: int) -> None:
-        # One lock guards _pool, _models, _pods, _in_flight and _prefixes together, so a clear() or a
-        # resync is atomic for readers. It is never held while calling out (listener, logging of other
-        # objects).
+        # One lock guards every field below together, so a clear() or a resync is atomic for readers.
+        # It is never held while calling out (listener, logging of other objects).
         self._lock = threading.Lock()
         self._pool: InferencePool | None = None
-        # modelName -> the object that currently owns it (smallest `claim_order` wins).
-        self._models: dict[str, InferenceModel] = {}
-        self._pods: dict[NamespacedName, PodMetrics] = {}
-        # The handlers' routing memory: requests in flight per pod and target model (mirrored into
-        # each PodMetrics.dispatched snapshot), and the prompt prefixes routed to each pod.
-        self._in_flight: dict[NamespacedName, collections.Counter[str]] = {}
+        self._objectives: dict[NamespacedName, Objective] = {}
+        self._rewrites: dict[NamespacedName, ModelRewrite] = {}
+        self._rewrite_index = RewriteIndex()  # rebuilt from _rewrites on every change
+        # Pods present (pod -> address), and their endpoints: one per pod and target port.
+        self._members: dict[NamespacedName, str] = {}
+        self._pods: dict[EndpointKey, PodMetrics] = {}
+        # The handlers' routing memory: requests in flight per endpoint and target model (mirrored
+        # into each PodMetrics.dispatched snapshot), and the prompt prefixes routed to each endpoint.
+        self._in_flight: dict[EndpointKey, collections.Counter[str]] = {}
         self._prefixes = PrefixIndex(prefix_capacity_per_pod)
         self._listener = listener
 
     # --- pool ---------------------------------------------------------------------------------
     def pool_set(self, pool: InferencePool) -> None:
         with self._lock:
+            old = self._pool
             self._pool = pool
+            changes: list[Change] = []
+            if old is None or old.target_ports != pool.target_ports:
+                # The endpoints follow the ports at once: new ranks added, gone ranks removed
+                # (upstream #2306 kept them), renumbered ranks moved.
+                for pod, address in self._members.items():
+                    changes += self._put_endpoints(pod, address)
+        self._tell_all(changes)
 
     def pool_get(self) -> InferencePool | None:
         with self._lock:
@@ -70,75 +91,94 @@ class _Store:
         with self._lock:
             removed = list(self._pods)
             self._pool = None
-            self._models.clear()
+            self._objectives.clear()
+            self._rewrites.clear()
+            self._rewrite_index = RewriteIndex()
+            self._members.clear()
             self._pods.clear()
             self._in_flight.clear()
             self._prefixes.clear()
         for key in removed:
             self._notify(self._removed, key)
 
-    # --- models -------------------------------------------------------------------------------
-    def model_set_if_older(self, model: InferenceModel) -> bool:
+    # --- objectives ---------------------------------------------------------------------------
+    def objective_set(self, objective: Objective) -> None:
         with self._lock:
-            # modelName is immutable (CEL) in v1alpha2; should it change anyway, the object no longer
-            # claims its old name and must not stay routable under it.
-            for name in [n for n, m in self._models.items() if m.key == model.key and n != model.model_name]:
-                del self._models[name]
-            existing = self._models.get(model.model_name)
-            if (
-                existing is not None
-                and existing.key != model.key
-                and existing.claim_order < model.claim_order
-            ):
-                # Another object owns the name and comes first in the one ownership order.
-                return False
-            self._models[model.model_name] = model
-            return True
+            self._objectives[objective.key] = objective
 
-    def model_get(self, model_name: str) -> InferenceModel | None:
+    def objective_delete(self, key: NamespacedName) -> Objective | None:
         with self._lock:
-            return self._models.get(model_name)
+            return self._objectives.pop(key, None)
 
-    def model_delete(self, key: NamespacedName) -> InferenceModel | None:
+    def objective_get(self, name: str) -> Objective | None:
         with self._lock:
-            for name, model in self._models.items():
-                if model.key == key:
-                    del self._models[name]
-                    return model
-        return None
+            pool = self._pool
+            if pool is None:
+                return None
+            return self._objectives.get(NamespacedName(pool.key.namespace, name))
 
-    def model_get_all(self) -> Sequence[InferenceModel]:
+    def objective_get_all(self) -> Sequence[Objective]:
         with self._lock:
-            return tuple(self._models.values())
+            return tuple(self._objectives.values())
+
+    # --- rewrites -----------------------------------------------------------------------------
+    def rewrite_set(self, rewrite: ModelRewrite) -> None:
+        with self._lock:
+            if self._rewrites.get(rewrite.key) != rewrite:
+                self._rewrites[rewrite.key] = rewrite
+                self._rewrite_index = RewriteIndex(self._rewrites.values())
+
+    def rewrite_delete(self, key: NamespacedName) -> ModelRewrite | None:
+        with self._lock:
+            removed = self._rewrites.pop(key, None)
+            if removed is not None:
+                self._rewrite_index = RewriteIndex(self._rewrites.values())
+            return removed
+
+    def rewrite_match(self, model: str) -> RewriteMatch | None:
+        with self._lock:
+            index = self._rewrite_index
+        return index.match(model)
+
+    def rewrite_get_all(self) -> Sequence[ModelRewrite]:
+        with self._lock:
+            return tuple(self._rewrites.values())
+
+    def rewrite_get_exact(self) -> Mapping[str, RewriteMatch]:
+        with self._lock:
+            return self._rewrite_index.exact
 
     # --- pods ---------------------------------------------------------------------------------
     def pod_update_or_add(self, pod: PodObject) -> bool:
         with self._lock:
-            change = self._put_pod(pod)
-        self._tell(change, pod.key)
-        return change is _ADDED
+            if self._pool is None:
+                return False
+            new = pod.key not in self._members
+            self._members[pod.key] = pod.pod_ip
+            changes = self._put_endpoints(pod.key, pod.pod_ip)
+        self._tell_all(changes)
+        return new
 
     def pod_delete(self, key: NamespacedName) -> None:
         with self._lock:
-            removed = self._pods.pop(key, None) is not None
-            self._forget_routing(key)
-        if removed:
-            self._notify(self._removed, key)
+            self._members.pop(key, None)
+            changes = self._drop_endpoints(key, keep=0)
+        self._tell_all(changes)
 
     def pod_resync(self, pods: Iterable[PodObject]) -> None:
         wanted = {p.key: p for p in pods if p.routable}
         with self._lock:
-            removed = [key for key in self._pods if key not in wanted]
-            for key in removed:
-                del self._pods[key]
-                self._forget_routing(key)
-            changes = [(self._put_pod(pod), key) for key, pod in wanted.items()]
-        for key in removed:
-            self._notify(self._removed, key)
-        for change, key in changes:
-            self._tell(change, key)
+            changes: list[Change] = []
+            for key in [k for k in self._members if k not in wanted]:
+                del self._members[key]
+                changes += self._drop_endpoints(key, keep=0)
+            if self._pool is not None:
+                for key, pod in wanted.items():
+                    self._members[key] = pod.pod_ip
+                    changes += self._put_endpoints(key, pod.pod_ip)
+        self._tell_all(changes)
 
-    def pod_get(self, key: NamespacedName) -> PodMetrics | None:
+    def pod_get(self, key: EndpointKey) -> PodMetrics | None:
         with self._lock:
             return self._pods.get(key)
 
@@ -147,17 +187,21 @@ class _Store:
             return tuple(self._pods.values())
 
     def pod_update_metrics_if_exist(
-        self, key: NamespacedName, metrics: Metrics, address: str | None = None
+        self, key: EndpointKey, metrics: Metrics, address: str | None = None, port: int | None = None
     ) -> bool:
         with self._lock:
             current = self._pods.get(key)
-            if current is None or (address is not None and current.pod.address != address):
+            if (
+                current is None
+                or (address is not None and current.pod.address != address)
+                or (port is not None and current.pod.port != port)
+            ):
                 return False
             self._pods[key] = dataclasses.replace(current, metrics=metrics)
             return True
 
     # --- routing memory (written by the handlers) ----------------------------------------------
-    def pod_dispatch_started(self, key: NamespacedName, target_model: str) -> bool:
+    def pod_dispatch_started(self, key: EndpointKey, target_model: str) -> bool:
         with self._lock:
             current = self._pods.get(key)
             if current is None:
@@ -167,7 +211,7 @@ class _Store:
             self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts))
             return True
 
-    def pod_dispatch_finished(self, key: NamespacedName, target_model: str) -> None:
+    def pod_dispatch_finished(self, key: EndpointKey, target_model: str) -> None:
         with self._lock:
             counts = self._in_flight.get(key)
             if counts is None or counts[target_model] <= 0:
@@ -179,13 +223,13 @@ class _Store:
             if current is not None:
                 self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts))
 
-    def prefix_matches(self, hashes: Sequence[int]) -> Mapping[NamespacedName, int]:
+    def prefix_matches(self, hashes: Sequence[int]) -> Mapping[EndpointKey, int]:
         if not hashes:
             return {}
         with self._lock:
             return self._prefixes.matches(hashes)
 
-    def prefix_record(self, key: NamespacedName, hashes: Sequence[int]) -> None:
+    def prefix_record(self, key: EndpointKey, hashes: Sequence[int]) -> None:
         if not hashes:
             return
         with self._lock:
@@ -193,43 +237,67 @@ class _Store:
                 self._prefixes.record(key, hashes)
 
     # --- internals ----------------------------------------------------------------------------
-    def _put_pod(self, pod: PodObject) -> str:
-        """Caller holds the lock. Replace the address keeping metrics; what changed (`_ADDED`...)."""
-        current = self._pods.get(pod.key)
-        fresh = Pod(key=pod.key, address=pod.pod_ip)
-        if current is None:
-            self._pods[pod.key] = PodMetrics(fresh)
-            return _ADDED
-        if current.pod != fresh:
-            self._pods[pod.key] = dataclasses.replace(current, pod=fresh)
-            return _MOVED if current.pod.address != fresh.address else _UNCHANGED
-        return _UNCHANGED
+    def _put_endpoints(self, pod: NamespacedName, address: str) -> list[Change]:
+        """Caller holds the lock and a pool is known: the pod's endpoints for the pool's ports.
 
-    def _tell(self, change: str, key: NamespacedName) -> None:
-        if change is _ADDED:
-            self._notify(self._added, key)
-        elif change is _MOVED:
-            self._notify(self._moved, key)
+        Existing ranks keep their metrics (a new address or port is a move); ranks past the pool's
+        ports are removed.
+        """
+        assert self._pool is not None
+        ports = self._pool.target_ports
+        changes: list[Change] = []
+        for rank, port in enumerate(ports):
+            key = endpoint_key(pod, rank)
+            fresh = Pod(key=key, address=address, port=port)
+            current = self._pods.get(key)
+            if current is None:
+                self._pods[key] = PodMetrics(fresh)
+                changes.append((_ADDED, key))
+            elif current.pod != fresh:
+                self._pods[key] = dataclasses.replace(current, pod=fresh)
+                changes.append((_MOVED, key))
+        return changes + self._drop_endpoints(pod, keep=len(ports))
 
-    def _forget_routing(self, key: NamespacedName) -> None:
-        """Caller holds the lock; the pod left, so its counts and prefixes mean nothing any more."""
+    def _drop_endpoints(self, pod: NamespacedName, keep: int) -> list[Change]:
+        """Caller holds the lock: remove the pod's endpoints of rank `keep` and above."""
+        gone: list[Change] = []
+        rank = keep
+        # Ranks are contiguous from 0 (`_put_endpoints` writes them all), so stop at the first gap.
+        while (key := endpoint_key(pod, rank)) in self._pods:
+            del self._pods[key]
+            self._forget_routing(key)
+            gone.append((_REMOVED, key))
+            rank += 1
+        return gone
+
+    def _tell_all(self, changes: Iterable[Change]) -> None:
+        for change, key in changes:
+            if change is _ADDED:
+                self._notify(self._added, key)
+            elif change is _MOVED:
+                self._notify(self._moved, key)
+            elif change is _REMOVED:
+                self._notify(self._removed, key)
+
+    def _forget_routing(self, key: EndpointKey) -> None:
+        """Caller holds the lock; the endpoint left, so its counts and prefixes mean nothing any more."""
         self._in_flight.pop(key, None)
         self._prefixes.forget(key)
 
-    def _added(self, key: NamespacedName) -> None:
+    def _added(self, key: EndpointKey) -> None:
         if self._listener is not None:
             self._listener.pod_added(key, self)
 
-    def _moved(self, key: NamespacedName) -> None:
+    def _moved(self, key: EndpointKey) -> None:
         if self._listener is not None:
             self._listener.pod_moved(key, self)
 
-    def _removed(self, key: NamespacedName) -> None:
+    def _removed(self, key: EndpointKey) -> None:
         if self._listener is not None:
             self._listener.pod_removed(key)
 
     @staticmethod
-    def _notify(call: Callable[[NamespacedName], None], key: NamespacedName) -> None:
+    def _notify(call: Callable[[EndpointKey], None], key: EndpointKey) -> None:
         # The store already changed; one failing listener call must not skip the others (a skipped
         # pod_removed would leak that pod's refresher), so log and carry on.
         try:

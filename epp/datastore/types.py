@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from epp.api.types import NamespacedName
+from epp.api.types import EndpointKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +31,22 @@ class Metrics:
 
 @dataclass(frozen=True, slots=True)
 class Pod:
-    """A routable pod: identity and address only. The port comes from the pool at response time."""
+    """A routable endpoint: one pod at one of the pool's target ports (its rank, in `key`).
 
-    key: NamespacedName
+    The port is kept here, set from the pool's current ports whenever either changes, so the prober
+    scrapes and the handlers route each rank on its own port.
+    """
+
+    key: EndpointKey
     address: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        """`ip:port`, IPv6 in brackets."""
+        if ":" in self.address:
+            return f"[{self.address}]:{self.port}"
+        return f"{self.address}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)

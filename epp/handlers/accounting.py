@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from epp.api.types import NamespacedName
+from epp.api.types import EndpointKey
 from epp.datastore.types import PodMetrics
 from epp.scheduling.filters import NO_MATCHES
 from epp.scheduling.prefix import block_hashes
@@ -26,26 +26,26 @@ from epp.scheduling.prefix import block_hashes
 class RoutingMemory(Protocol):
     """The datastore's routing-memory methods (the Datastore Protocol satisfies it)."""
 
-    def pod_dispatch_started(self, key: NamespacedName, target_model: str) -> bool: ...
+    def pod_dispatch_started(self, key: EndpointKey, target_model: str) -> bool: ...
 
-    def pod_dispatch_finished(self, key: NamespacedName, target_model: str) -> None: ...
+    def pod_dispatch_finished(self, key: EndpointKey, target_model: str) -> None: ...
 
-    def prefix_matches(self, hashes: Sequence[int]) -> Mapping[NamespacedName, int]: ...
+    def prefix_matches(self, hashes: Sequence[int]) -> Mapping[EndpointKey, int]: ...
 
-    def prefix_record(self, key: NamespacedName, hashes: Sequence[int]) -> None: ...
+    def prefix_record(self, key: EndpointKey, hashes: Sequence[int]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixQuery:
     hashes: tuple[int, ...] = ()
-    matches: Mapping[NamespacedName, int] = field(default_factory=lambda: NO_MATCHES)
+    matches: Mapping[EndpointKey, int] = field(default_factory=lambda: NO_MATCHES)
 
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """One routed request still counted in flight; handed back to `finished` exactly once."""
 
-    pod: NamespacedName
+    pod: EndpointKey
     target_model: str
 
 

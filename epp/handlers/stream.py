@@ -28,8 +28,9 @@ where every protocol decision lives (DESIGN.md §2 Handlers and §6, epp-behavio
   request side becomes Internal (500) with its traceback logged; on the response side it is logged
   and the response continues untouched.
 
-Metric labels: `model_name` is the requested model only once it is known to the datastore; a name
-no InferenceModel claims is counted under `UNKNOWN_MODEL`, so clients cannot create series.
+Metric labels: `model_name` is the requested model only once a rewrite rule names it exactly; any
+other name (and a target the client chose) is counted under `UNKNOWN_MODEL`, so clients cannot
+create series. Which model goes upstream and at what priority is `request.resolve`'s business.
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.message import DecodeError
 
-from epp.api.types import InferenceModel, InferencePool
+from epp.api.types import InferencePool, Objective, RewriteMatch
 from epp.body import BodyScanner, with_model
 from epp.datastore.types import PodMetrics
 from epp.errors import BadRequest, EppError, Internal, NoEndpoints, PayloadTooLarge
 from epp.handlers import responses
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting, Dispatch
-from epp.handlers.request import not_found, pick_target
+from epp.handlers.request import resolve
 from epp.handlers.usage import MAX_JSON_RESPONSE_BYTES, SseUsageScanner, Usage, usage_from_json
 from epp.metrics import UNKNOWN_MODEL, RequestMetrics
 from epp.scheduling import LLMRequest
@@ -83,7 +84,9 @@ class RoutingView(Protocol):
 
     def pool_get(self) -> InferencePool | None: ...
 
-    def model_get(self, model_name: str) -> InferenceModel | None: ...
+    def rewrite_match(self, model: str) -> RewriteMatch | None: ...
+
+    def objective_get(self, name: str) -> Objective | None: ...
 
     def pod_get_all(self) -> Sequence[PodMetrics]: ...
 
@@ -109,11 +112,8 @@ class StreamDeps:
 
 
 def endpoint_of(pod: PodMetrics, pool: InferencePool) -> str:
-    """`ip:port` with the pool's current port (never stored with the pod); IPv6 in brackets."""
-    address = pod.pod.address
-    if ":" in address:
-        return f"[{address}]:{pool.target_port}"
-    return f"{address}:{pool.target_port}"
+    """`ip:port` of the endpoint (its own target port of the pool); IPv6 in brackets."""
+    return pod.pod.endpoint
 
 
 def _header_value(header: Any) -> str:
@@ -313,16 +313,16 @@ class ExtProcStream:
             # model that exists is never reported missing while the EPP is starting.
             raise NoEndpoints(_NO_POOL)
         scanned = await deps.body_scanner.scan(raw)
-        model = deps.datastore.model_get(scanned.model)
-        if model is None:
-            self.model = UNKNOWN_MODEL
-            raise not_found(scanned.model)
-        self.model = scanned.model
-        target = pick_target(model, deps.rng)
-        self.target = target
+        self.model = UNKNOWN_MODEL
+        resolved = resolve(pool, deps.datastore, scanned.model, self.headers, deps.rng)
+        self.model = scanned.model if resolved.model_declared else UNKNOWN_MODEL
+        target = resolved.target
+        self.target = target if resolved.target_declared else UNKNOWN_MODEL
         pool, pods = self._pool_and_pods()
         prefix = deps.accounting.prefix_query(scanned.prompt_head, target)
-        request = LLMRequest(scanned.model, target, model.is_critical, len(prefix.hashes), prefix.matches)
+        request = LLMRequest(
+            scanned.model, target, not resolved.sheddable, len(prefix.hashes), prefix.matches
+        )
         picked = deps.scheduler.schedule(request, pods)
         self._in_flight = deps.accounting.routed(picked, target, prefix)
         endpoint = endpoint_of(picked, pool)
@@ -350,7 +350,7 @@ class ExtProcStream:
             reply = responses.route(
                 deps.destination, endpoint, phase="request_body", body=raw if split else None
             )
-        deps.metrics.request_routed(scanned.model, target, len(raw))
+        deps.metrics.request_routed(self.model, self.target, len(raw))
         self._routed = self._decided = True
         if log.isEnabledFor(logging.DEBUG):
             log.debug("routed model=%s target=%s to %s", scanned.model, target, endpoint)

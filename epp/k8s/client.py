@@ -1,4 +1,5 @@
-"""A small asyncio client for the two calls a read-only controller makes: list and watch.
+"""A small asyncio client for the two calls a read-only controller makes: list and watch (plus the
+get/create/replace of one object, for the leader-election Lease, the only thing the EPP writes).
 
 Only what the informer needs: namespaced list (with paging) returning the collection's
 resourceVersion, and a streaming watch (JSON lines, bookmarks on) yielding typed events. Failures are
@@ -201,22 +202,51 @@ class KubeClient:
             # A stream we walked away from ends in a TLS error (data after close_notify): expected.
             closed.exception()
 
+    # --- the one kind the EPP writes: its leader-election Lease (epp.k8s.leader) -------------------
+    async def get_object(self, path: str) -> JsonObject | None:
+        """One object by its path; None when it does not exist (404)."""
+        try:
+            return await self._get_json(path, {})
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create_object(self, collection_path: str, obj: Mapping[str, Any]) -> JsonObject:
+        """POST; a name already taken is ApiError 409."""
+        return await self._send_json("POST", collection_path, obj)
+
+    async def replace_object(self, path: str, obj: Mapping[str, Any]) -> JsonObject:
+        """PUT with the object's resourceVersion; someone else's write since is ApiError 409."""
+        return await self._send_json("PUT", path, obj)
+
     async def _get_json(self, path: str, params: Mapping[str, str]) -> JsonObject:
+        return await self._send_json("GET", path, None, params)
+
+    async def _send_json(
+        self, method: str, path: str, obj: Mapping[str, Any] | None, params: Mapping[str, str] | None = None
+    ) -> JsonObject:
         url = self._config.server + path
         timeout = aiohttp.ClientTimeout(total=self._request_timeout)
+        extra = self._extra()
+        if obj is not None:
+            extra["headers"] = {**extra.get("headers", {}), "Content-Type": "application/json"}
+        payload = None if obj is None else json.dumps(obj).encode()
         try:
-            async with self._session_get().get(url, params=params, timeout=timeout, **self._extra()) as resp:
-                if resp.status != 200:
+            async with self._session_get().request(
+                method, url, params=params, data=payload, timeout=timeout, **extra
+            ) as resp:
+                if resp.status not in (200, 201):
                     raise await _api_error(resp)
                 body = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise KubeConnectionError(f"GET {url}: {exc!r}") from exc
+            raise KubeConnectionError(f"{method} {url}: {exc!r}") from exc
         try:
             data = json.loads(body)
         except ValueError as exc:
-            raise KubeConnectionError(f"GET {url}: response is not JSON") from exc
+            raise KubeConnectionError(f"{method} {url}: response is not JSON") from exc
         if not isinstance(data, dict):
-            raise KubeConnectionError(f"GET {url}: response is not a JSON object")
+            raise KubeConnectionError(f"{method} {url}: response is not a JSON object")
         return data
 
     def _session_get(self) -> aiohttp.ClientSession:

@@ -1,8 +1,11 @@
-"""Wires the watch layer to the reconcilers: three informers, three work queues, three workers.
+"""Wires the watch layer to the reconcilers: an informer, a work queue and a worker per watched kind.
 
-Scope as upstream from v0.2.0 (#429): pools only in the pool namespace and only our pool (field
-selector `metadata.name`), models and pods only in the pool namespace. Every informer event maps to
-its own object's key in that kind's queue; the reconcilers do the rest.
+Which kinds depends on the pool group served (`epp.api.generation`): v1 watches InferencePool v1,
+the optional InferenceObjective and InferenceModelRewrite, and Pods; v1alpha2 watches InferencePool,
+InferenceModel and Pods, as v0.3.0. Scope as upstream from v0.2.0 (#429): pools only in the pool
+namespace and only our pool (field selector `metadata.name`), everything else only in the pool
+namespace. Every informer event maps to its own object's key in that kind's queue; the reconcilers
+do the rest. An optional kind that is absent or forbidden is served without (informer.py).
 
 Readiness is honest (STYLE habit 7): `has_synced` turns true once every informer has listed and the
 keys from those lists have been reconciled once, i.e. the datastore reflects the initial state.
@@ -32,14 +35,22 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from epp.api import ObjectReader
-from epp.api.types import InferenceModel, InferencePool, NamespacedName, PodObject
+from epp.api.generation import OBJECTIVE_LANE, POOL_LANE, REWRITE_LANE, WatchedKind, generation
+from epp.api.types import DEFAULT_POOL_GROUP, ModelRewrite, NamespacedName, PodObject
 from epp.config import DEFAULT_WATCH_BOOKMARK_INTERVAL
-from epp.controller import ModelReconciler, PodReconciler, PoolReconciler
+from epp.controller import ObjectiveReconciler, PodReconciler, PoolReconciler, RewriteReconciler
 from epp.datastore import Datastore
 from epp.k8s.backoff import BackoffPolicy
-from epp.k8s.cache_reader import CacheReader
-from epp.k8s.client import INFERENCE_MODELS, INFERENCE_POOLS, PODS, KubeClient, Resource
-from epp.k8s.informer import DEFAULT_RECONNECT_BACKOFF, Informer, InformerEvent, Parse, Sleep
+from epp.k8s.cache_reader import CacheReader, EmptyCache
+from epp.k8s.client import PODS, KubeClient, Resource
+from epp.k8s.informer import (
+    DEFAULT_ABSENT_BACKOFF,
+    DEFAULT_RECONNECT_BACKOFF,
+    Informer,
+    InformerEvent,
+    Parse,
+    Sleep,
+)
 from epp.k8s.workqueue import DEFAULT_RETRY_BACKOFF, QueueShutDown, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -55,8 +66,12 @@ def _pool_reconciler(reader: ObjectReader, store: Datastore, pool: NamespacedNam
     return PoolReconciler(reader, store, pool).reconcile
 
 
-def _model_reconciler(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
-    return ModelReconciler(reader, store, pool).reconcile
+def _objective_reconciler(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
+    return ObjectiveReconciler(reader, store, pool).reconcile
+
+
+def _rewrite_reconciler(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
+    return RewriteReconciler(reader, store, pool).reconcile
 
 
 def _pod_reconciler(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
@@ -69,7 +84,9 @@ class Reconcilers:
     deliberately slow or broken EPP passes its own factories here instead of branching in the code."""
 
     pool: ReconcilerFactory = _pool_reconciler
-    model: ReconcilerFactory = _model_reconciler
+    objective: ReconcilerFactory = _objective_reconciler
+    # InferenceModelRewrite (v1) and InferenceModel (v1alpha2) alike: both are rewrites once parsed.
+    rewrite: ReconcilerFactory = _rewrite_reconciler
     pod: ReconcilerFactory = _pod_reconciler
 
 
@@ -88,6 +105,8 @@ class WatchProgress:
     retrying: int
     relists: int = 0  # the resourceVersion was gone (410) and the kind was listed again
     stalled_watches: int = 0  # watches replaced for reading nothing for two bookmark intervals
+    optional: bool = False  # served without when absent or forbidden
+    available: bool = True  # False while an optional kind is absent (no CRD) or forbidden (RBAC)
 
     @property
     def idle(self) -> bool:
@@ -107,12 +126,17 @@ class Controllers:
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
         reconcilers: Reconcilers | None = None,
+        pool_group: str = DEFAULT_POOL_GROUP,
+        absent_backoff: BackoffPolicy = DEFAULT_ABSENT_BACKOFF,
     ) -> None:
         rng = rng or random.Random()
         build = reconcilers or Reconcilers()
+        served = generation(pool_group)
         ns = pool.namespace
 
-        def informer(resource: Resource, parse: Parse[T], field_selector: str | None = None) -> Informer[T]:
+        def informer(
+            resource: Resource, parse: Parse[T], field_selector: str | None = None, optional: bool = False
+        ) -> Informer[T]:
             return Informer(
                 client,
                 resource,
@@ -123,19 +147,32 @@ class Controllers:
                 bookmark_interval=bookmark_interval,
                 sleep=sleep,
                 rng=rng,
+                optional=optional,
+                absent_backoff=absent_backoff,
             )
 
-        pools = informer(INFERENCE_POOLS, InferencePool.from_api, field_selector=f"metadata.name={pool.name}")
-        models = informer(INFERENCE_MODELS, InferenceModel.from_api)
+        def kind_informer(kind: WatchedKind, field_selector: str | None = None) -> Informer[Any]:
+            resource = Resource(kind.group, kind.version, kind.plural)
+            return informer(resource, kind.parse, field_selector=field_selector, optional=kind.optional)
+
+        pools = kind_informer(served.pool, field_selector=f"metadata.name={pool.name}")
+        rules = [(kind.lane, kind_informer(kind)) for kind in served.rules]
         pods = informer(PODS, PodObject.from_api)
-        reader = CacheReader(pools, models, pods)
+        by_lane = dict(rules)
+        reader = CacheReader(
+            pools,
+            by_lane.get(REWRITE_LANE) or _no_objects(),
+            pods,
+            objectives=by_lane.get(OBJECTIVE_LANE),
+        )
 
         def queue(kind: str) -> WorkQueue[NamespacedName]:
             return WorkQueue(kind, backoff=retry_backoff, rng=rng)
 
+        factories = {POOL_LANE: build.pool, OBJECTIVE_LANE: build.objective, REWRITE_LANE: build.rewrite}
         self._lanes = [
             _Lane("pool", pools, queue("pool"), build.pool(reader, datastore, pool)),
-            _Lane("model", models, queue("model"), build.model(reader, datastore, pool)),
+            *(_Lane(lane, inf, queue(lane), factories[lane](reader, datastore, pool)) for lane, inf in rules),
             _Lane("pod", pods, queue("pod"), build.pod(reader, datastore, pool)),
         ]
         self._synced = asyncio.Event()
@@ -149,7 +186,8 @@ class Controllers:
         await self._synced.wait()
 
     def progress(self) -> Sequence[WatchProgress]:
-        """A snapshot per watched kind (pools, models, pods), taken on the event loop (never torn)."""
+        """A snapshot per watched kind (pools, objectives/rewrites or models, pods), taken on the
+        event loop (never torn)."""
         return tuple(lane.progress() for lane in self._lanes)
 
     async def run(self) -> None:
@@ -173,6 +211,10 @@ class Controllers:
         finally:
             for lane in self._lanes:
                 lane.queue.shutdown()
+
+
+def _no_objects() -> EmptyCache[ModelRewrite]:
+    return EmptyCache()
 
 
 class _Lane:
@@ -212,6 +254,8 @@ class _Lane:
             retrying=queue.retrying,
             relists=informer.relists,
             stalled_watches=informer.stalled_watches,
+            optional=informer.optional,
+            available=informer.available,
         )
 
     async def work(self) -> None:

@@ -20,6 +20,12 @@ The reliability rules (DESIGN.md §2, client-go's reflector):
   watch costs at most two intervals of staleness, where it used to cost a 330 to 630 s read timeout;
 - the cache is updated before handlers run, so a reconciler triggered by an event reads at least
   that state;
+- an optional kind (`optional=True`: InferenceObjective, InferenceModelRewrite) that is absent
+  (404: no CRD) or forbidden (403: RBAC) never stops the EPP: the cache is emptied, the informer
+  counts as synced, one warning is logged, and the list is tried again with `absent_backoff` (up to
+  10 s apart), so a CRD installed or a permission granted later is picked up without a restart
+  (upstream #1737 crash-looped; upstream looks only at start-up). A watch of it that fails so (the
+  CRD deleted) relists, which lands in the same state;
 - the resourceVersion is recorded after handlers run, so whoever reads `resource_version` == X
   knows every handler for every change up to X has already been called (the controllers' handlers
   enqueue keys, so those keys are already queued). The settle barrier depends on this order.
@@ -40,7 +46,7 @@ from epp.api.types import NamespacedName
 from epp.config import DEFAULT_WATCH_BOOKMARK_INTERVAL
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import KubeClient, Resource, WatchEvent
-from epp.k8s.errors import GoneError, KubeError, WatchStalledError
+from epp.k8s.errors import ApiError, GoneError, KubeError, WatchStalledError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,10 @@ DELETED = "DELETED"
 BOOKMARK = "BOOKMARK"
 
 DEFAULT_RECONNECT_BACKOFF = BackoffPolicy(initial=0.2, maximum=2.0, factor=2.0, jitter=0.2)
+# How often an absent or forbidden optional kind is looked for again.
+DEFAULT_ABSENT_BACKOFF = BackoffPolicy(initial=1.0, maximum=10.0, factor=2.0, jitter=0.2)
+# The statuses that mean "this kind is not there for us": no CRD (404), no permission (403).
+ABSENT_STATUSES = frozenset({403, 404})
 # client-go's "very short watch": closed within this many seconds with no event is a failure.
 MIN_HEALTHY_WATCH = 1.0
 # Each watch's timeoutSeconds is the bookmark interval stretched by up to this fraction.
@@ -90,8 +100,15 @@ class Informer(Generic[T]):
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        optional: bool = False,
+        absent_backoff: BackoffPolicy = DEFAULT_ABSENT_BACKOFF,
     ) -> None:
         self._client = client
+        self._optional = optional
+        self._absent_backoff = absent_backoff
+        self._available = True  # False while an optional kind is absent or forbidden
+        self._absent_attempts = 0
+        self._absent_reason = ""
         self._resource = resource
         self._namespace = namespace
         self._parse = parse
@@ -161,6 +178,19 @@ class Informer(Generic[T]):
         """How many watches were replaced because they read nothing for two bookmark intervals."""
         return self._stalled_watches
 
+    @property
+    def optional(self) -> bool:
+        return self._optional
+
+    @property
+    def available(self) -> bool:
+        """False while an optional kind is absent (no CRD) or forbidden (RBAC): served without it."""
+        return self._available
+
+    @property
+    def unavailable_reason(self) -> str:
+        return "" if self._available else self._absent_reason
+
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
@@ -183,6 +213,12 @@ class Informer(Generic[T]):
                 # Not the server's fault, nothing to back off from: watch again at once.
                 self._stalled_watches += 1
                 log.warning("%s: watch showed no sign of life (%s): replacing it", self.name, exc)
+            except ApiError as exc:
+                if not self._absent(exc):
+                    await self._back_off(f"watch failed: {exc}")
+                    continue
+                # The optional kind went away (CRD deleted, permission revoked): the list says so.
+                await self._relist()
             except KubeError as exc:
                 await self._back_off(f"watch failed: {exc}")
 
@@ -217,13 +253,45 @@ class Informer(Generic[T]):
                 items, resource_version = await self._client.list(
                     self._resource, self._namespace, self._label_selector, self._field_selector
                 )
+            except ApiError as exc:
+                if self._absent(exc):
+                    await self._serve_without(exc)
+                else:
+                    await self._back_off(f"list failed: {exc}")
+                continue
             except KubeError as exc:
                 await self._back_off(f"list failed: {exc}")
                 continue
             self._failures = 0
+            if not self._available:
+                log.info("%s: now served; watching it", self.name)
+            self._available = True
+            self._absent_attempts = 0
             self._replace(items, resource_version)
             self._synced.set()
             return
+
+    def _absent(self, exc: ApiError) -> bool:
+        return self._optional and exc.status in ABSENT_STATUSES
+
+    async def _serve_without(self, exc: ApiError) -> None:
+        """An optional kind is not there: empty cache, synced, one warning per outage, look again later."""
+        if self._available:
+            what = "not served (no CRD?)" if exc.status == 404 else "forbidden (RBAC?)"
+            log.warning(
+                "%s: %s: %s; serving without it, and looking again every %gs at most",
+                self.name,
+                what,
+                exc,
+                self._absent_backoff.maximum,
+            )
+        self._available = False
+        self._absent_reason = str(exc)
+        self._replace((), "")
+        self._synced.set()
+        delay = self._absent_backoff.delay(self._absent_attempts, self._rng)
+        self._absent_attempts += 1
+        await self._sleep(delay)
 
     async def _back_off(self, why: str) -> None:
         delay = self._backoff.delay(self._failures, self._rng)

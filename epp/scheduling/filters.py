@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from epp.api.types import NamespacedName
+from epp.api.types import EndpointKey
 from epp.datastore.types import PodMetrics
 
-NO_MATCHES: Mapping[NamespacedName, int] = MappingProxyType({})
+NO_MATCHES: Mapping[EndpointKey, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class LLMRequest:
     target_model: str
     critical: bool
     prefix_blocks: int = 0
-    prefix_matches: Mapping[NamespacedName, int] = field(default_factory=lambda: NO_MATCHES)
+    prefix_matches: Mapping[EndpointKey, int] = field(default_factory=lambda: NO_MATCHES)
 
 
 Pods = list[PodMetrics]

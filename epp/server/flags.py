@@ -37,6 +37,7 @@ from typing import NoReturn, TypeVar
 from epp import config as defaults
 from epp.config import (
     ConfigError,
+    LeaderElectionConfig,
     MetricNames,
     ProberConfig,
     SchedulerConfig,
@@ -253,6 +254,11 @@ def _parser() -> _Parser:
         "--metricsStalenessThreshold", type=duration, default=defaults.DEFAULT_METRICS_STALENESS_THRESHOLD
     )
     p.add_argument("--secureServing", type=go_bool, nargs="?", const=True, default=True)
+    # Upstream's HA mode (epp.k8s.leader): only the Lease holder reports SERVING. Identity: $POD_NAME.
+    p.add_argument(
+        "--ha-enable-leader-election", dest="ha_enable_leader_election", type=go_bool, nargs="?", const=True,
+        default=False,
+    )  # fmt: skip
     p.add_argument("--certPath", default="", help="Directory with tls.crt and tls.key; empty: self-signed.")
     p.add_argument("--destinationEndpointHintKey", default=defaults.DEFAULT_DESTINATION_ENDPOINT_HINT_KEY)
     p.add_argument(
@@ -460,4 +466,7 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
         watch=WatchConfig(bookmark_interval=ns.watchBookmarkInterval),
         shutdown_delay=ns.shutdownDelay,
         shutdown_grace_period=ns.shutdownGracePeriod,
+        leader_election=LeaderElectionConfig(
+            enabled=ns.ha_enable_leader_election, identity=environ.get("POD_NAME", "")
+        ),
     )

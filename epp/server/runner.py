@@ -8,7 +8,9 @@ named task of one `Supervisor`; `stop()` cancels them all, stops the servers and
 opened, in that order, and leaves no task, thread or listening socket behind.
 
 Readiness is honest (STYLE habit 7): `wait_ready()` returns once the watches have synced and the pool
-is known, which is also when gRPC health turns SERVING.
+is known, which is also when gRPC health turns SERVING. With leader election
+(`config.leader_election`, epp.k8s.leader) health is SERVING only while this replica holds the Lease;
+every replica watches and probes all the same, so the next one takes over warm.
 
 Two ways to end. `stop()` is immediate: tasks cancelled, streams in flight get `shutdown_grace`.
 `drain()` is what SIGTERM does (DESIGN.md §4: a replica drains, NOT_SERVING first): gRPC health
@@ -27,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol
@@ -45,6 +49,7 @@ from epp.handlers import ExtProcServicer
 from epp.handlers.accounting import Accounting
 from epp.k8s import Controllers, KubeClient
 from epp.k8s.controllers import WatchProgress
+from epp.k8s.leader import LeaderElector, LeaseSettings
 from epp.metrics import PoolCollector, RequestMetrics
 from epp.scheduling import new_scheduler
 from epp.server.health import HealthServicer
@@ -58,6 +63,17 @@ log = logging.getLogger(__name__)
 DEFAULT_SHUTDOWN_GRACE = 5.0
 # How often wait_ready() looks again (the datastore has no "pool arrived" notification).
 READY_POLL_INTERVAL = 0.02
+
+
+class LeaderElectorLike(Protocol):
+    """What the runner needs of `epp.k8s.leader.LeaderElector` (tests pass a fake)."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    async def run(self) -> None: ...
+
+    async def release(self) -> None: ...
 
 
 class ControllersLike(Protocol):
@@ -107,9 +123,23 @@ class Epp:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+        leader_elector: LeaderElectorLike | None = None,
     ) -> None:
         if (kube_client is None) == (controllers is None):
             raise ValueError("give exactly one of kube_client and controllers")
+        election = config.leader_election
+        if leader_elector is None and election.enabled:
+            if kube_client is None:
+                raise ValueError("leader election needs a kube_client (or a leader_elector)")
+            identity = election.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+            leader_elector = LeaderElector(
+                kube_client,
+                NamespacedName(config.pool_namespace, config.pool_name),
+                LeaseSettings(
+                    identity, election.lease_duration, election.renew_deadline, election.retry_period
+                ),
+            )
+        self._elector = leader_elector
         self._config = config
         self._registry = registry
         if controllers is None:
@@ -117,7 +147,13 @@ class Epp:
             client, pool_key = kube_client, NamespacedName(config.pool_namespace, config.pool_name)
 
             def watch_the_api(store: Datastore) -> ControllersLike:
-                return Controllers(client, store, pool_key, bookmark_interval=config.watch.bookmark_interval)
+                return Controllers(
+                    client,
+                    store,
+                    pool_key,
+                    bookmark_interval=config.watch.bookmark_interval,
+                    pool_group=config.pool_group,
+                )
 
             controllers = watch_the_api
         self._controllers_factory = controllers
@@ -195,6 +231,9 @@ class Epp:
             return
         config = self._config
         self._draining = True
+        if self._elector is not None:
+            # NOT_SERVING already; hand the Lease over now, so the next replica serves during our delay.
+            await self._elector.release()
         log.info(
             "draining: health NOT_SERVING; still serving for %gs, then streams in flight get %gs",
             config.shutdown_delay,
@@ -342,7 +381,18 @@ class Epp:
         # order): streams in their grace period may still be scanning a body.
         sup.on_stop("body-scanner", servicer.aclose)
         await self._start_ext_proc(servicer)
-        await self._start_health(HealthServicer(lambda: not self._draining and store.pool_has_synced()))
+        elector = self._elector
+        if elector is not None:
+            # Cleanups run after every task has ended: the Lease is handed over on any stop.
+            sup.on_stop("leader-election-release", elector.release)
+            sup.spawn("leader-election", elector.run())
+        await self._start_health(
+            HealthServicer(
+                lambda: (
+                    not self._draining and store.pool_has_synced() and (elector is None or elector.is_leader)
+                )
+            )
+        )
         metrics_address = config.metrics_bind_address or config.bind_address
         await self._start_http(
             "metrics-http", "metrics", metrics_app(self._registry), metrics_address, config.metrics_port
@@ -358,9 +408,10 @@ class Epp:
         controllers = self._controllers = self._controllers_factory(store)
         sup.spawn("controllers", controllers.run())
         log.info(
-            "endpoint picker for pool %s/%s: ext_proc %s (%s), health %s, metrics %s",
+            "endpoint picker for pool %s/%s (%s): ext_proc %s (%s), health %s, metrics %s",
             config.pool_namespace,
             config.pool_name,
+            config.pool_group,
             host_port(config.bind_address, self.grpc_port),
             "TLS" if config.secure_serving else "plaintext",
             host_port(config.bind_address, self.health_port),

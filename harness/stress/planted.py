@@ -12,27 +12,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from epp.api import NamespacedName, ObjectReader
-from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.api import NamespacedName, PodReader
+from epp.api.types import PodObject
 
 PodLie = Callable[[PodObject], PodObject]
 
 
 class PodRewritingReader:
-    """An ``ObjectReader`` that passes pools and models through and rewrites every pod with ``lie``."""
+    """A ``PodReader`` (what the pod reconciler reads) that rewrites every pod with ``lie``."""
 
-    def __init__(self, inner: ObjectReader, lie: PodLie) -> None:
+    def __init__(self, inner: PodReader, lie: PodLie) -> None:
         self._inner = inner
         self._lie = lie
-
-    def get_pool(self, key: NamespacedName) -> InferencePool | None:
-        return self._inner.get_pool(key)
-
-    def get_model(self, key: NamespacedName) -> InferenceModel | None:
-        return self._inner.get_model(key)
-
-    def list_models(self, namespace: str) -> Sequence[InferenceModel]:
-        return self._inner.list_models(namespace)
 
     def get_pod(self, key: NamespacedName) -> PodObject | None:
         pod = self._inner.get_pod(key)

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.api import NamespacedName, ObjectReader
 from epp.config import ServerConfig
+from epp.controller import PodReconciler
 from epp.k8s import Controllers, KubeClient, load_config
 from epp.k8s.controllers import Reconcile, Reconcilers
 from epp.server.flags import parse_flags
@@ -27,9 +28,10 @@ from epp.server.runner import ControllersFactory, Epp
 from harness.stress.planted import PodRewritingReader, never_deleting
 
 
-def deletion_blind_pods(reader: ObjectReader, *store_and_pool: Any) -> Reconcile:
-    """The production pod reconciler, reading pods through the defective reader."""
-    return Reconcilers().pod(PodRewritingReader(reader, never_deleting), *store_and_pool)
+def deletion_blind_pods(reader: ObjectReader, store: Any, pool: NamespacedName) -> Reconcile:
+    """The production pod reconciler, reading pods through the defective reader (the store is the
+    EPP's, as wired: never touched here)."""
+    return PodReconciler(PodRewritingReader(reader, never_deleting), store).reconcile
 
 
 async def serve(config: ServerConfig) -> int:

@@ -4,11 +4,13 @@ Why one task per pod (upstream #99/#223/#460): with one shared round, a single h
 every other pod's metrics back for the full 5 s timeout. Here each pod has its own loop and its own
 per-request timeout, so a slow pod only makes its own metrics stale.
 
-Each pass re-reads the pod and the pool from the store: the address may have changed, and the port
-comes from the pool on every scrape (upstream #417 froze it at add time). The result is written
-with `pod_update_metrics_if_exist` for the address scraped, so a scrape that lands after the pod
-was deleted never brings it back, and one of an address the pod no longer has is dropped. An
-address change restarts the pod's loop (`pod_moved`): the scrape in flight to the old address,
+One loop per endpoint, i.e. per pod and target port: each rank of a multi-port pod is scraped on its
+own port. Each pass re-reads the endpoint from the store: the address may have changed, and so may
+the port, which the store keeps equal to the pool's (upstream #417 froze it at add time). The result
+is written with `pod_update_metrics_if_exist` for the address and port scraped, so a scrape that
+lands after the endpoint was deleted never brings it back, and one of an address or port it no
+longer has is dropped. An address or port change restarts the loop (`pod_moved`): the scrape in
+flight to the old one,
 which may hang until its timeout, is cancelled and the new address is scraped at once. Scrape, then
 sleep: the first scrape is immediate, as in v0.2/v0.3.
 
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from epp.api.types import NamespacedName
+from epp.api.types import EndpointKey
 from epp.backend.metrics.fetch import ScrapeError
 from epp.backend.metrics.parse import compile_metric_names, parse_page
 from epp.config import ProberConfig
@@ -57,7 +59,7 @@ class PodRefreshers:
         self._loop = loop
         self._clock = clock
         # Touched only on the loop thread (calls from other threads are forwarded to it).
-        self._tasks: dict[NamespacedName, asyncio.Task[None]] = {}
+        self._tasks: dict[EndpointKey, asyncio.Task[None]] = {}
         # Cancelled but not finished yet (a removed or moved pod's loop): aclose() waits for these too.
         self._stopping: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -72,26 +74,26 @@ class PodRefreshers:
     # --- PodLifecycleListener --------------------------------------------------------------------
     # Reconcilers call these on the loop thread; a call from any other thread is forwarded to the
     # loop, so the task table is only ever touched there.
-    def pod_added(self, key: NamespacedName, store: Datastore) -> None:
+    def pod_added(self, key: EndpointKey, store: Datastore) -> None:
         if self._on_loop():
             self._start(key, store)
         else:
             self._loop.call_soon_threadsafe(self._start, key, store)
 
-    def pod_removed(self, key: NamespacedName) -> None:
+    def pod_removed(self, key: EndpointKey) -> None:
         if self._on_loop():
             self._stop(key)
         else:
             self._loop.call_soon_threadsafe(self._stop, key)
 
-    def pod_moved(self, key: NamespacedName, store: Datastore) -> None:
+    def pod_moved(self, key: EndpointKey, store: Datastore) -> None:
         if self._on_loop():
             self._restart(key, store)
         else:
             self._loop.call_soon_threadsafe(self._restart, key, store)
 
     # --- ownership -------------------------------------------------------------------------------
-    def active(self) -> frozenset[NamespacedName]:
+    def active(self) -> frozenset[EndpointKey]:
         """Pods with a live refresher (for the debug view and tests)."""
         return frozenset(k for k, t in self._tasks.items() if not t.done())
 
@@ -110,7 +112,7 @@ class PodRefreshers:
         except RuntimeError:
             return False
 
-    def _start(self, key: NamespacedName, store: Datastore) -> None:
+    def _start(self, key: EndpointKey, store: Datastore) -> None:
         if self._closed:
             logger.debug("refreshers closed; not probing %s", key)
             return
@@ -121,19 +123,19 @@ class PodRefreshers:
         self._tasks[key] = task
         task.add_done_callback(lambda t: self._forget(key, t))
 
-    def _stop(self, key: NamespacedName) -> None:
+    def _stop(self, key: EndpointKey) -> None:
         task = self._tasks.pop(key, None)
         if task is not None:
             task.cancel()
             self._stopping.add(task)
 
-    def _restart(self, key: NamespacedName, store: Datastore) -> None:
+    def _restart(self, key: EndpointKey, store: Datastore) -> None:
         """New address: drop the scrape in flight (the old address may hang) and scrape the new one now."""
         if key in self._tasks:
             self._stop(key)
             self._start(key, store)
 
-    def _forget(self, key: NamespacedName, task: asyncio.Task[None]) -> None:
+    def _forget(self, key: EndpointKey, task: asyncio.Task[None]) -> None:
         self._stopping.discard(task)
         if self._tasks.get(key) is task:
             del self._tasks[key]
@@ -141,7 +143,7 @@ class PodRefreshers:
             logger.error("metrics refresher for %s died", key, exc_info=task.exception())
 
     # --- the loop --------------------------------------------------------------------------------
-    async def _run(self, key: NamespacedName, store: Datastore) -> None:
+    async def _run(self, key: EndpointKey, store: Datastore) -> None:
         reported = False
         while True:
             try:
@@ -156,13 +158,12 @@ class PodRefreshers:
                     reported = True
             await asyncio.sleep(self._interval)
 
-    async def _scrape_once(self, key: NamespacedName, store: Datastore) -> None:
+    async def _scrape_once(self, key: EndpointKey, store: Datastore) -> None:
         pod = store.pod_get(key)
-        pool = store.pool_get()
-        if pod is None or pool is None:
+        if pod is None:
             return
-        address = pod.pod.address
-        text = await self._fetcher.fetch(address, pool.target_port)
+        address, port = pod.pod.address, pod.pod.port
+        text = await self._fetcher.fetch(address, port)
         result = parse_page(text, self._plan, pod.metrics, self._clock())
         if result.errors:
             if logger.isEnabledFor(logging.DEBUG):
@@ -172,4 +173,4 @@ class PodRefreshers:
                 return
         # Stored only if the pod still has the address scraped: a page of its old address would
         # otherwise pass for fresh metrics of the new one.
-        store.pod_update_metrics_if_exist(key, result.metrics, address=address)
+        store.pod_update_metrics_if_exist(key, result.metrics, address=address, port=port)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from epp.api.types import InferencePool, NamespacedName, PodObject
+from epp.api.types import EndpointKey, InferencePool, NamespacedName, PodObject
 from epp.backend.metrics.fetch import ScrapeError
 from epp.backend.metrics.refresher import Fetcher, PodRefreshers
 from epp.config import ProberConfig
@@ -39,7 +39,7 @@ def pod(name: str, ip: str) -> PodObject:
 
 
 def pool(port: int = 8000) -> InferencePool:
-    return InferencePool(key=NamespacedName(NS, "pool"), selector={"app": "vllm"}, target_port=port)
+    return InferencePool(key=NamespacedName(NS, "pool"), selector={"app": "vllm"}, target_ports=(port,))
 
 
 class FakeFetcher:
@@ -48,6 +48,7 @@ class FakeFetcher:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
         self.waiting: dict[str, int] = {}
+        self.waiting_at: dict[tuple[str, int], int] = {}  # per address and port, before `waiting`
         self.hooks: dict[str, Callable[[], Awaitable[None]]] = {}
 
     async def fetch(self, address: str, port: int) -> str:
@@ -55,7 +56,7 @@ class FakeFetcher:
         hook = self.hooks.get(address)
         if hook is not None:
             await hook()
-        return page(self.waiting.get(address, 1))
+        return page(self.waiting_at.get((address, port), self.waiting.get(address, 1)))
 
     def count(self, address: str) -> int:
         return sum(1 for a, _ in self.calls if a == address)
@@ -94,13 +95,48 @@ def test_first_scrape_is_immediate() -> None:
         store.pod_update_or_add(pod("p1", "10.0.0.1"))
 
         async def scraped() -> None:
-            got = store.pod_get(NamespacedName(NS, "p1"))
+            got = store.pod_get(EndpointKey(NS, "p1"))
             assert got is not None
             assert got.metrics.waiting_queue_size == 4
             assert got.metrics.updated_at is not None
 
         await eventually_async(scraped)
         assert fetcher.calls == [("10.0.0.1", 8000)]
+
+    run(scenario, interval=NEVER)
+
+
+def test_each_rank_is_scraped_on_its_own_port_and_stops_when_its_port_goes() -> None:
+    """One refresher per endpoint (pod and target port): the ranks of one pod never share metrics, and a
+    shrink of the pool's target ports stops the removed rank's loop (upstream #2306)."""
+
+    async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
+        ranks = InferencePool(
+            key=NamespacedName(NS, "pool"), selector={"app": "vllm"}, target_ports=(8000, 8001)
+        )
+        store.pool_set(ranks)
+        fetcher.waiting_at[("10.0.0.1", 8001)] = 9
+        store.pod_update_or_add(pod("p1", "10.0.0.1"))
+
+        async def scraped() -> None:
+            assert [
+                e.metrics.waiting_queue_size for e in sorted(store.pod_get_all(), key=lambda e: e.pod.key)
+            ] == [
+                1,
+                9,
+            ]
+
+        await eventually_async(scraped)
+        assert sorted(fetcher.calls) == [("10.0.0.1", 8000), ("10.0.0.1", 8001)]
+        assert refreshers.active() == {EndpointKey(NS, "p1", 0), EndpointKey(NS, "p1", 1)}
+
+        store.pool_set(pool())
+
+        async def stopped() -> None:
+            assert refreshers.active() == {EndpointKey(NS, "p1", 0)}
+            assert len(refresher_tasks()) == 1
+
+        await eventually_async(stopped)
 
     run(scenario, interval=NEVER)
 
@@ -117,7 +153,7 @@ def test_only_stored_pods_are_probed() -> None:
 
         await eventually_async(both)
         assert {a for a, _ in fetcher.calls} == {"10.0.0.1", "10.0.0.2"}
-        assert refreshers.active() == {NamespacedName(NS, "p1"), NamespacedName(NS, "p2")}
+        assert refreshers.active() == {EndpointKey(NS, "p1"), EndpointKey(NS, "p2")}
 
     run(scenario)
 
@@ -139,14 +175,14 @@ def test_hanging_pod_does_not_delay_the_others() -> None:
         seen: set[float] = set()
 
         async def fast_keeps_updating() -> None:
-            got = store.pod_get(NamespacedName(NS, "fast"))
+            got = store.pod_get(EndpointKey(NS, "fast"))
             assert got is not None
             if got.metrics.updated_at is not None:
                 seen.add(got.metrics.updated_at)
             assert len(seen) >= 5, f"fast pod updated {len(seen)} times so far"
 
         await eventually_async(fast_keeps_updating, interval=0.001)
-        slow = store.pod_get(NamespacedName(NS, "slow"))
+        slow = store.pod_get(EndpointKey(NS, "slow"))
         assert slow is not None
         assert slow.metrics.updated_at is None
         assert fetcher.count("10.0.0.1") == 1
@@ -157,14 +193,14 @@ def test_hanging_pod_does_not_delay_the_others() -> None:
 @pytest.mark.parametrize("during_fetch", [True, False], ids=["deleted-inside-fetch", "deleted-while-blocked"])
 def test_late_scrape_never_resurrects_a_deleted_pod(during_fetch: bool) -> None:
     async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
-        key = NamespacedName(NS, "p1")
+        key = EndpointKey(NS, "p1")
         release = asyncio.Event()
         entered = asyncio.Event()
 
         async def hook() -> None:
             entered.set()
             if during_fetch:
-                store.pod_delete(key)  # the scrape then completes after the pod is gone
+                store.pod_delete(key.pod)  # the scrape then completes after the pod is gone
             else:
                 await release.wait()
 
@@ -172,7 +208,7 @@ def test_late_scrape_never_resurrects_a_deleted_pod(during_fetch: bool) -> None:
         store.pod_update_or_add(pod("p1", "10.0.0.1"))
         await entered.wait()
         if not during_fetch:
-            store.pod_delete(key)
+            store.pod_delete(key.pod)
             release.set()
 
         async def stopped() -> None:
@@ -199,7 +235,7 @@ def test_port_change_in_pool_is_used_by_next_scrape() -> None:
 
 def test_address_change_keeps_metrics_and_moves_the_scrape() -> None:
     async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
-        key = NamespacedName(NS, "p1")
+        key = EndpointKey(NS, "p1")
         fetcher.waiting["10.0.0.9"] = 9
         store.pod_update_or_add(pod("p1", "10.0.0.1"))
         await eventually_async(lambda: _assert_scraped(store, key))
@@ -220,7 +256,7 @@ def test_an_address_change_cancels_the_scrape_of_the_old_address() -> None:
     """The old address may hang for the whole scrape timeout: the new one is scraped at once instead."""
 
     async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
-        key = NamespacedName(NS, "p1")
+        key = EndpointKey(NS, "p1")
         entered, cancelled = asyncio.Event(), asyncio.Event()
 
         async def old_address_hangs() -> None:
@@ -253,7 +289,7 @@ def test_a_scrape_of_the_old_address_that_lands_after_the_change_is_dropped() ->
     """Its page describes a server the pod no longer is; stored, it would look fresh for 2 s."""
 
     async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
-        key = NamespacedName(NS, "p1")
+        key = EndpointKey(NS, "p1")
 
         async def move_while_fetching() -> None:
             store.pod_update_or_add(pod("p1", "10.0.0.9"))  # then this fetch returns the old page
@@ -273,11 +309,11 @@ def test_stop_cancels_the_task_and_double_stop_is_safe() -> None:
     """#3/#20/#824: removing a pod ends its loop; a second stop does nothing."""
 
     async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
-        key = NamespacedName(NS, "p1")
+        key = EndpointKey(NS, "p1")
         store.pod_update_or_add(pod("p1", "10.0.0.1"))
         store.pod_update_or_add(pod("p2", "10.0.0.2"))
         await eventually_async(lambda: _assert_scraped(store, key))
-        store.pod_delete(key)
+        store.pod_delete(key.pod)
         refreshers.pod_removed(key)
         refreshers.pod_removed(key)
 
@@ -285,7 +321,7 @@ def test_stop_cancels_the_task_and_double_stop_is_safe() -> None:
             assert [t.get_name() for t in refresher_tasks()] == ["metrics-refresher default/p2"]
 
         await eventually_async(gone)
-        assert refreshers.active() == {NamespacedName(NS, "p2")}
+        assert refreshers.active() == {EndpointKey(NS, "p2")}
         before = fetcher.count("10.0.0.1")
         await eventually_async(lambda: _assert_more(fetcher.count("10.0.0.2"), 20))
         assert fetcher.count("10.0.0.1") == before
@@ -336,7 +372,7 @@ def test_scrape_errors_are_survived() -> None:
 
         fetcher.hooks["10.0.0.1"] = flaky
         store.pod_update_or_add(pod("p1", "10.0.0.1"))
-        await eventually_async(lambda: _assert_scraped(store, NamespacedName(NS, "p1")))
+        await eventually_async(lambda: _assert_scraped(store, EndpointKey(NS, "p1")))
         assert fetcher.count("10.0.0.1") >= 4
 
     run(scenario)
@@ -352,7 +388,7 @@ def test_unexpected_error_is_logged_once_and_survived(caplog: pytest.LogCaptureF
 
         fetcher.hooks["10.0.0.1"] = broken
         store.pod_update_or_add(pod("p1", "10.0.0.1"))
-        await eventually_async(lambda: _assert_scraped(store, NamespacedName(NS, "p1")))
+        await eventually_async(lambda: _assert_scraped(store, EndpointKey(NS, "p1")))
 
     run(scenario)
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
@@ -371,7 +407,7 @@ def test_page_without_any_wanted_family_does_not_refresh_the_snapshot() -> None:
     async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
         store.pod_update_or_add(pod("p1", "10.0.0.1"))
         await eventually_async(lambda: _assert_more(fetcher.count("10.0.0.1"), 3))
-        got = store.pod_get(NamespacedName(NS, "p1"))
+        got = store.pod_get(EndpointKey(NS, "p1"))
         assert got is not None
         assert got.metrics.updated_at is None
 
@@ -380,10 +416,10 @@ def test_page_without_any_wanted_family_does_not_refresh_the_snapshot() -> None:
 
 def test_lifecycle_calls_from_another_thread_are_forwarded_to_the_loop() -> None:
     async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
-        key = NamespacedName(NS, "p1")
+        key = EndpointKey(NS, "p1")
         await asyncio.to_thread(store.pod_update_or_add, pod("p1", "10.0.0.1"))
         await eventually_async(lambda: _assert_scraped(store, key))
-        await asyncio.to_thread(store.pod_delete, key)
+        await asyncio.to_thread(store.pod_delete, key.pod)
 
         async def gone() -> None:
             assert refresher_tasks() == []
@@ -396,15 +432,15 @@ def test_lifecycle_calls_from_another_thread_are_forwarded_to_the_loop() -> None
 def test_updated_at_comes_from_the_injected_clock() -> None:
     async def scenario(store: Datastore, refreshers: PodRefreshers, fetcher: FakeFetcher) -> None:
         store.pod_update_or_add(pod("p1", "10.0.0.1"))
-        await eventually_async(lambda: _assert_scraped(store, NamespacedName(NS, "p1")))
-        got = store.pod_get(NamespacedName(NS, "p1"))
+        await eventually_async(lambda: _assert_scraped(store, EndpointKey(NS, "p1")))
+        got = store.pod_get(EndpointKey(NS, "p1"))
         assert got is not None
         assert got.metrics.updated_at == 100, "the first clock reading"
 
     run(scenario, interval=NEVER)
 
 
-async def _assert_scraped(store: Datastore, key: NamespacedName) -> None:
+async def _assert_scraped(store: Datastore, key: EndpointKey) -> None:
     got = store.pod_get(key)
     assert got is not None
     assert got.metrics.updated_at is not None

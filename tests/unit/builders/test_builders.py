@@ -8,7 +8,16 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from epp.api.types import Criticality, InferenceModel, InferencePool, NamespacedName, PodObject, TargetModel
+from epp.api import v1alpha2
+from epp.api.types import (
+    V1ALPHA2_GROUP,
+    Criticality,
+    NamespacedName,
+    PodObject,
+    PoolRef,
+    RewriteRule,
+    TargetModel,
+)
 from harness.cluster.builders import (
     HOLD_FINALIZER,
     STAND_IN_SCHEDULER,
@@ -157,8 +166,8 @@ def test_model_builder_shape() -> None:
 
 
 def test_epp_parses_builder_objects() -> None:
-    pool = InferencePool.from_api(PoolBuilder("pool").namespace("ns").selector(app="x").port(8000).build())
-    model = InferenceModel.from_api(
+    pool = v1alpha2.pool_from_api(PoolBuilder("pool").namespace("ns").selector(app="x").port(8000).build())
+    model = v1alpha2.model_from_api(
         ModelBuilder("m").namespace("ns").model_name("llama").criticality("Sheddable").pool("pool")
         .target("lora-a", weight=3).created_at(T0).build()
     )  # fmt: skip
@@ -169,10 +178,11 @@ def test_epp_parses_builder_objects() -> None:
     assert pool.key == NamespacedName("ns", "pool")
     assert pool.target_port == 8000
     assert pool.matches({"app": "x"})
-    assert model.model_name == "llama"
-    assert model.pool_name == "pool"
-    assert model.criticality is Criticality.SHEDDABLE
-    assert model.target_models == (TargetModel("lora-a", 3),)
+    assert model.rules == (RewriteRule(("llama",), (TargetModel("lora-a", 3),)),)
+    assert model.pool_ref == PoolRef(V1ALPHA2_GROUP, "pool")
+    assert model.objective is not None
+    assert model.objective.criticality is Criticality.SHEDDABLE
+    assert model.objective.sheddable
     assert model.created == T0.replace(microsecond=0)
     assert pod.pod_ip == "127.0.0.5"
     assert pod.ready

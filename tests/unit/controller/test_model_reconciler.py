@@ -1,7 +1,8 @@
 """InferenceModel reconciler: the model rows of epp-behaviour.md §3.4 and bug §9.7 (upstream #393).
 
-Models are stored by modelName; the oldest creationTimestamp owns a name, removal is by object
-identity, and the next oldest claimant is promoted when the owner goes.
+Each InferenceModel is stored as the rewrite it converts to (one exact rule on its modelName); the
+oldest creationTimestamp owns a name, removal is by object identity, and the next oldest claimant
+takes over when the owner goes (the store resolves precedence at lookup).
 """
 
 from __future__ import annotations
@@ -106,19 +107,21 @@ def tie_first_name_arrives_first(w: World) -> None:
 
 
 def owner_deleted_next_oldest_promoted(w: World) -> None:
+    """Every claimant has been reconciled (as its informer event makes sure); the store keeps them all,
+    so the owner's removal hands the name on without re-reading the cache."""
     with_pool(w)
     w.model_event(model("oldest", "llama", age_s=0).build())
-    w.put(model("newest", "llama", age_s=20).build())
-    w.put(model("middle", "llama", age_s=10).build())
-    w.put(model("older-but-leaving", "llama", age_s=5).deleting().build())
-    w.put(model("older-but-foreign", "llama", age_s=1, pool_name="elsewhere").build())
+    w.model_event(model("newest", "llama", age_s=20).build())
+    w.model_event(model("middle", "llama", age_s=10).build())
+    w.model_event(model("older-but-leaving", "llama", age_s=5).deleting().build())
+    w.model_event(model("older-but-foreign", "llama", age_s=1, pool_name="elsewhere").build())
     w.model_event(None, key=key("oldest"))
 
 
 def owner_moved_next_oldest_promoted(w: World) -> None:
     with_pool(w)
     w.model_event(model("oldest", "llama", age_s=0).build())
-    w.put(model("next", "llama", age_s=10).build())
+    w.model_event(model("next", "llama", age_s=10).build())
     w.model_event(model("oldest", "llama", age_s=0, pool_name="elsewhere").build())
 
 
@@ -210,10 +213,11 @@ def test_owner_update_overwrites_its_own_entry() -> None:
     with_pool(w)
     w.model_event(model("m1", "llama").criticality("Sheddable").build())
     w.model_event(model("m1", "llama").criticality("Critical").target("lora-a", 1).build())
-    stored = w.store.model_get("llama")
+    stored = w.store.rewrite_match("llama")
     assert stored is not None
-    assert stored.criticality is Criticality.CRITICAL
-    assert [t.name for t in stored.target_models] == ["lora-a"]
+    assert stored.rewrite.objective is not None
+    assert stored.rewrite.objective.criticality is Criticality.CRITICAL
+    assert [t.name for t in stored.rule.targets] == ["lora-a"]
 
 
 def test_rejected_claimant_update_changes_nothing() -> None:
@@ -221,7 +225,16 @@ def test_rejected_claimant_update_changes_nothing() -> None:
     with_pool(w)
     w.model_event(model("old", "llama", age_s=0).criticality("Standard").build())
     w.model_event(model("new", "llama", age_s=10).criticality("Critical").build())
-    stored = w.store.model_get("llama")
+    stored = w.store.rewrite_match("llama")
     assert stored is not None
-    assert stored.key == key("old")
-    assert stored.criticality is Criticality.STANDARD
+    assert stored.rewrite.objective is not None
+    assert stored.rewrite.key == key("old")
+    assert stored.rewrite.objective.criticality is Criticality.STANDARD
+
+
+def test_model_name_changed_on_the_same_object_is_no_longer_routable_under_the_old_one() -> None:
+    w = World()
+    with_pool(w)
+    w.model_event(model("m1", "llama").build())
+    w.model_event(model("m1", "llama-v2").build())
+    assert w.model_owners() == {"llama-v2": "m1"}

@@ -6,12 +6,13 @@ from collections.abc import Callable
 
 import pytest
 
-from epp.api import NamespacedName
+from epp.api import EndpointKey, NamespacedName
 from epp.datastore import Metrics
 
 from .world import NS, World, pod, pool
 
 P1 = NamespacedName(NS, "p1")
+E1 = EndpointKey(NS, "p1")
 
 
 def with_pool(w: World) -> None:
@@ -124,11 +125,11 @@ def test_new_pod_starts_with_never_scraped_metrics() -> None:
     w = World()
     with_pool(w)
     w.pod_event(pod("p1", "10.0.0.1").build())
-    stored = w.store.pod_get(P1)
+    stored = w.store.pod_get(E1)
     assert stored is not None
     assert stored.metrics == Metrics()
     assert stored.metrics.updated_at is None
-    assert w.listener.calls == [("added", P1)]
+    assert w.listener.calls == [("added", E1)]
 
 
 def test_update_keeps_metrics() -> None:
@@ -137,16 +138,16 @@ def test_update_keeps_metrics() -> None:
     with_pool(w)
     w.pod_event(pod("p1", "10.0.0.1").build())
     metrics = Metrics(waiting_queue_size=4, kv_cache_usage=0.5, updated_at=12.0)
-    assert w.store.pod_update_metrics_if_exist(P1, metrics)
+    assert w.store.pod_update_metrics_if_exist(E1, metrics)
 
     w.pod_event(pod("p1", "10.0.0.9").labels(extra="x").build())
 
-    stored = w.store.pod_get(P1)
+    stored = w.store.pod_get(E1)
     assert stored is not None
     assert stored.pod.address == "10.0.0.9"
     assert stored.metrics == metrics
     # An update never stops the refresher; a new address restarts its scrape (pod_moved).
-    assert w.listener.calls == [("added", P1), ("moved", P1)]
+    assert w.listener.calls == [("added", E1), ("moved", E1)]
 
 
 def test_late_scrape_never_resurrects_a_deleted_pod() -> None:
@@ -155,9 +156,9 @@ def test_late_scrape_never_resurrects_a_deleted_pod() -> None:
     w.pod_event(pod("p1", "10.0.0.1").build())
     w.pod_event(None, key=P1)
 
-    assert not w.store.pod_update_metrics_if_exist(P1, Metrics(updated_at=1.0))
-    assert w.store.pod_get(P1) is None
-    assert w.listener.calls == [("added", P1), ("removed", P1)]
+    assert not w.store.pod_update_metrics_if_exist(E1, Metrics(updated_at=1.0))
+    assert w.store.pod_get(E1) is None
+    assert w.listener.calls == [("added", E1), ("removed", E1)]
 
 
 def test_repeated_events_are_idempotent() -> None:
@@ -167,4 +168,4 @@ def test_repeated_events_are_idempotent() -> None:
         w.pod_event(pod("p1", "10.0.0.1").build())
     for _ in range(2):
         w.pod_event(None, key=P1)
-    assert w.listener.calls == [("added", P1), ("removed", P1)]
+    assert w.listener.calls == [("added", E1), ("removed", E1)]

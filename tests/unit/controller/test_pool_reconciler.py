@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from epp.api import NamespacedName
+from epp.api import EndpointKey, NamespacedName
 from epp.datastore import Metrics
 
 from .world import NS, POOL_KEY, World, model, pod, pool
@@ -112,17 +112,19 @@ def test_resync_never_adds_a_pod_marked_for_deletion() -> None:
     w = World()
     w.put(pod("going").deleting().build())
     w.pool_event(pool().build())
-    assert w.store.pod_get(NamespacedName(NS, "going")) is None
+    assert w.store.pod_get(EndpointKey(NS, "going")) is None
 
 
 def test_port_change_applies_without_pod_events() -> None:
-    """Upstream #350/#417: the port lived with the pods. Here it is only the pool's; pods are untouched."""
+    """Upstream #350/#417: the port lived with the pods and went stale. Here the store renumbers the
+    endpoint when the pool changes: metrics kept, the prober told (its scrape of the old port is void),
+    and no resync (a pod whose unready event has not arrived yet stays until that event)."""
     w = World()
     w.put(pod("p1", "10.0.0.1").build())
     w.pool_event(pool(port=8000).build())
-    key = NamespacedName(NS, "p1")
-    assert w.store.pod_update_metrics_if_exist(key, Metrics(waiting_queue_size=3, updated_at=1.0))
-    before = w.store.pod_get_all()
+    key = EndpointKey(NS, "p1")
+    metrics = Metrics(waiting_queue_size=3, updated_at=1.0)
+    assert w.store.pod_update_metrics_if_exist(key, metrics)
     calls = list(w.listener.calls)
     # The pod went unready meanwhile, without its event reaching us yet: a port change must not resync.
     w.put(pod("p1", "10.0.0.1").unready("10.0.0.1").build())
@@ -132,15 +134,18 @@ def test_port_change_applies_without_pod_events() -> None:
     current = w.store.pool_get()
     assert current is not None
     assert current.target_port == 9000
-    assert w.store.pod_get_all() == before
-    assert w.listener.calls == calls
+    stored = w.store.pod_get(key)
+    assert stored is not None
+    assert (stored.pod.address, stored.pod.port, stored.metrics) == ("10.0.0.1", 9000, metrics)
+    assert w.endpoints() == ["p1@9000"]
+    assert w.listener.calls == [*calls, ("moved", key)]
 
 
 def test_selector_change_keeps_metrics_of_pods_that_stay() -> None:
     w = World()
     w.put(pod("p1", "10.0.0.1", app="vllm", tier="gpu").build())
     w.pool_event(pool().build())
-    key = NamespacedName(NS, "p1")
+    key = EndpointKey(NS, "p1")
     metrics = Metrics(waiting_queue_size=2, updated_at=5.0)
     w.store.pod_update_metrics_if_exist(key, metrics)
 
@@ -163,7 +168,7 @@ def test_pool_deletion_stops_every_refresher_and_forgets_models() -> None:
 
     removed = sorted(key.name for what, key in w.listener.calls if what == "removed")
     assert removed == ["p1", "p2"]
-    assert w.store.model_get_all() == ()
+    assert w.store.rewrite_get_all() == ()
     assert w.store.pool_get() is None
 
 

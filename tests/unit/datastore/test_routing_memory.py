@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from epp.api import NamespacedName, PodObject
+from epp.api import EndpointKey, NamespacedName, PodObject, v1alpha2
 from epp.datastore import Datastore, Dispatched, Metrics, new_datastore
-from harness.cluster.builders import PodBuilder
+from harness.cluster.builders import PodBuilder, PoolBuilder
 
 NS = "ns1"
 
@@ -13,12 +13,20 @@ def pod(name: str, ip: str = "10.0.0.1") -> PodObject:
     return PodObject.from_api(PodBuilder(name).namespace(NS).labels(app="vllm").ready(ip).build())
 
 
-def key(name: str) -> NamespacedName:
+def key(name: str) -> EndpointKey:
+    return EndpointKey(NS, name)
+
+
+def pod_key(name: str) -> NamespacedName:
     return NamespacedName(NS, name)
+
+
+POOL = v1alpha2.pool_from_api(PoolBuilder("pool").namespace(NS).selector(app="vllm").port(8000).build())
 
 
 def store(*names: str, capacity: int = 100) -> Datastore:
     ds = new_datastore(prefix_capacity_per_pod=capacity)
+    ds.pool_set(POOL)
     for i, name in enumerate(names):
         ds.pod_update_or_add(pod(name, f"10.0.0.{i + 1}"))
     return ds
@@ -59,7 +67,7 @@ def test_a_pod_that_leaves_forgets_its_counts_and_prefixes() -> None:
     ds = store("a")
     ds.pod_dispatch_started(key("a"), "m")
     ds.prefix_record(key("a"), (1, 2))
-    ds.pod_delete(key("a"))
+    ds.pod_delete(pod_key("a"))
     assert not ds.pod_dispatch_started(key("a"), "m")  # gone: nothing counted
     ds.pod_dispatch_finished(key("a"), "m")  # a late end for the old pod is harmless
     ds.pod_update_or_add(pod("a"))
@@ -99,6 +107,7 @@ def test_clear_forgets_the_routing_memory() -> None:
     ds = store("a")
     ds.prefix_record(key("a"), (1,))
     ds.clear()
+    ds.pool_set(POOL)
     ds.pod_update_or_add(pod("a"))
     assert ds.prefix_matches((1,)) == {}
     assert dispatched(ds, "a") == Dispatched()

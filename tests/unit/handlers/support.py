@@ -22,7 +22,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import json_format
 from prometheus_client import CollectorRegistry
 
-from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.api import v1, v1alpha2
+from epp.api.types import PodObject
 from epp.body import BodyScanner
 from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES, GRPCIO_TRANSPORT, H2_TRANSPORT
 from epp.datastore import Datastore, PodMetrics, new_datastore
@@ -33,6 +34,7 @@ from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.metrics import RequestMetrics
 from epp.scheduling import LLMRequest
 from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder
+from tests.unit.api import objects
 
 DEST = "x-gateway-destination-endpoint"
 NS = "default"
@@ -40,10 +42,12 @@ POOL_PORT = 8000
 
 
 class ScriptedScheduler:
-    """Picks the pod named `pick` (else the first) or raises `error`; records every request."""
+    """Picks the pod named `pick` at rank `pick_rank` (else the first) or raises `error`; records every
+    request."""
 
     def __init__(self) -> None:
         self.pick: str | None = None
+        self.pick_rank = 0
         self.error: BaseException | None = None
         self.requests: list[LLMRequest] = []
 
@@ -54,7 +58,7 @@ class ScriptedScheduler:
             # them the gRPC server) alive in a reference cycle after the test.
             raise type(self.error)(*self.error.args)
         for pod in pods:
-            if pod.pod.key.name == self.pick:
+            if pod.pod.key.name == self.pick and pod.pod.key.rank == self.pick_rank:
                 return pod
         return pods[0]
 
@@ -111,8 +115,21 @@ class Env:
     # --- seeding through the public Protocol -----------------------------------------------------
     def pool(self, port: int = POOL_PORT) -> Env:
         self.datastore.pool_set(
-            InferencePool.from_api(PoolBuilder("pool").namespace(NS).selector(app="vllm").port(port).build())
+            v1alpha2.pool_from_api(PoolBuilder("pool").namespace(NS).selector(app="vllm").port(port).build())
         )
+        return self
+
+    def pool_v1(self, *ports: int) -> Env:
+        """An InferencePool v1 (any model may be asked for) with these target ports."""
+        self.datastore.pool_set(v1.pool_from_api(objects.pool_v1(ns=NS, ports=ports or (POOL_PORT,))))
+        return self
+
+    def objective(self, name: str, priority: int | None) -> Env:
+        self.datastore.objective_set(v1.objective_from_api(objects.objective(name, priority, ns=NS)))
+        return self
+
+    def rewrite(self, name: str, *rules: dict[str, Any], age_s: int = 0) -> Env:
+        self.datastore.rewrite_set(v1.rewrite_from_api(objects.rewrite(name, *rules, ns=NS, age_s=age_s)))
         return self
 
     def model(self, name: str, *targets: tuple[str, int | None], criticality: str | None = None) -> Env:
@@ -121,7 +138,7 @@ class Env:
             builder = builder.criticality(criticality)
         for target, weight in targets:
             builder = builder.target(target, weight=weight)
-        self.datastore.model_set_if_older(InferenceModel.from_api(builder.build()))
+        self.datastore.rewrite_set(v1alpha2.model_from_api(builder.build()))
         return self
 
     def pod(self, name: str, ip: str) -> Env:

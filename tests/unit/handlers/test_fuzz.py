@@ -24,7 +24,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, example, given, settings
 
-from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.api import v1alpha2
+from epp.api.types import PodObject
 from epp.config import GRPCIO_TRANSPORT, H2_TRANSPORT, SchedulerConfig
 from epp.datastore import Metrics, new_datastore
 from epp.h2 import GrpcServer, Limits
@@ -62,12 +63,12 @@ def servicer_and_registry() -> tuple[ExtProcServicer, RequestMetrics, object]:
     from prometheus_client import CollectorRegistry
 
     store = new_datastore()
-    store.pool_set(InferencePool.from_api(PoolBuilder("pool").selector(app="vllm").port(8000).build()))
+    store.pool_set(v1alpha2.pool_from_api(PoolBuilder("pool").selector(app="vllm").port(8000).build()))
     for name, (criticality, targets) in MODELS.items():
         builder = ModelBuilder(f"obj-{name}").model_name(name).pool("pool").criticality(criticality)
         for target in targets:
             builder = builder.target(target, weight=10)
-        store.model_set_if_older(InferenceModel.from_api(builder.build()))
+        store.rewrite_set(v1alpha2.model_from_api(builder.build()))
     for i, (name, ip) in enumerate(sorted(PODS.items())):
         store.pod_update_or_add(PodObject.from_api(PodBuilder(name).labels(app="vllm").ready(ip).build()))
         store.pod_update_metrics_if_exist(

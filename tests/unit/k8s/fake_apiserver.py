@@ -25,6 +25,10 @@ POD_PATH = "/api/v1/namespaces/ns1/pods"
 GROUP_PREFIX = "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/ns1"
 POOL_PATH = f"{GROUP_PREFIX}/inferencepools"
 MODEL_PATH = f"{GROUP_PREFIX}/inferencemodels"
+# The v1 generation: InferencePool v1, and the optional kinds of the experimental group.
+V1_POOL_PATH = "/apis/inference.networking.k8s.io/v1/namespaces/ns1/inferencepools"
+OBJECTIVE_PATH = f"{GROUP_PREFIX}/inferenceobjectives"
+REWRITE_PATH = f"{GROUP_PREFIX}/inferencemodelrewrites"
 
 
 @dataclass
@@ -60,6 +64,10 @@ class FakeApiServer:
         # (a watch that sends its headers and then nothing, ever: a half-open connection's view).
         self.list_faults: deque[str] = deque()
         self.watch_faults: deque[str] = deque()
+        # Collections whose CRD is not installed (404 NotFound) or that RBAC forbids (403), for list
+        # and watch alike, until the test takes them out again.
+        self.absent: set[str] = set()
+        self.forbidden: set[str] = set()
         self._ssl = ssl_context
         self._changed = asyncio.Event()
         self._closing = False
@@ -69,6 +77,8 @@ class FakeApiServer:
     # --- lifecycle ----------------------------------------------------------------------------
     async def __aenter__(self) -> FakeApiServer:
         app = web.Application()
+        app.router.add_post("/{tail:.*}", self._create)
+        app.router.add_put("/{tail:.*}", self._replace)
         app.router.add_get("/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -137,8 +147,39 @@ class FakeApiServer:
         changed.set()
 
     # --- HTTP ---------------------------------------------------------------------------------
+    # --- single objects (the EPP's Lease): GET by name, POST to the collection, PUT with a resourceVersion
+    async def _create(self, request: web.Request) -> web.Response:
+        obj = await request.json()
+        coll = self.collections.setdefault(request.path, Collection())
+        if obj["metadata"]["name"] in coll.objects:
+            return _status(409, "AlreadyExists", "already exists")
+        return web.json_response(self.upsert(request.path, obj), status=201)
+
+    async def _replace(self, request: web.Request) -> web.Response:
+        collection, _, name = request.path.rpartition("/")
+        obj = await request.json()
+        current = self.collections.setdefault(collection, Collection()).objects.get(name)
+        if current is None:
+            return _status(404, "NotFound", f"{name} not found")
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", "the object has been modified")
+        return web.json_response(self.upsert(collection, obj))
+
+    def _get_one(self, path: str) -> web.Response | None:
+        """GET of one Lease (the only kind read by name); None for any other path (a collection)."""
+        collection, _, name = path.rpartition("/")
+        if not collection.endswith("/leases"):
+            return None
+        found = self.collections.setdefault(collection, Collection()).objects.get(name)
+        if found is None:
+            return _status(404, "NotFound", f"{name} not found")
+        return web.json_response(found)
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         query = dict(request.query)
+        one = self._get_one(request.path) if "watch" not in query else None
+        if one is not None:
+            return one
         watch = query.get("watch") in ("true", "1")
         peer = request.transport.get_extra_info("peername") if request.transport is not None else None
         self.requests.append(
@@ -149,8 +190,10 @@ class FakeApiServer:
         fault = faults.popleft() if faults else ""
         if fault == "500":
             return _status(500, "InternalError", "scripted failure")
-        if fault == "403":
+        if fault == "403" or request.path in self.forbidden:
             return _status(403, "Forbidden", 'pods is forbidden: User "x" cannot list')
+        if request.path in self.absent:
+            return _status(404, "NotFound", "the server could not find the requested resource")
         coll = self.collections.setdefault(request.path, Collection())
         if not watch:
             return self._list(coll, query)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from epp.api import InferenceModel, InferencePool, NamespacedName, PodObject
+from epp.api import EndpointKey, InferencePool, NamespacedName, PodObject
 from epp.datastore import Datastore, Metrics, PodMetrics, new_datastore
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import KubeClient
@@ -48,7 +48,7 @@ def pods(store: Datastore) -> dict[str, str]:
 
 
 def models(store: Datastore) -> dict[str, str]:
-    return {m.model_name: m.key.name for m in store.model_get_all()}
+    return {name: match.rewrite.key.name for name, match in store.rewrite_get_exact().items()}
 
 
 def test_initial_sync_then_events_flow_to_the_datastore() -> None:
@@ -132,17 +132,9 @@ class FlakyStore:
     def clear(self) -> None:
         self.inner.clear()
 
-    def model_set_if_older(self, model: InferenceModel) -> bool:
-        return self.inner.model_set_if_older(model)
-
-    def model_get(self, model_name: str) -> InferenceModel | None:
-        return self.inner.model_get(model_name)
-
-    def model_delete(self, key: NamespacedName) -> InferenceModel | None:
-        return self.inner.model_delete(key)
-
-    def model_get_all(self) -> Sequence[InferenceModel]:
-        return self.inner.model_get_all()
+    def __getattr__(self, name: str) -> object:
+        # Objectives, rewrites and routing memory: the real store's.
+        return getattr(self.inner, name)
 
     def pod_update_or_add(self, pod: PodObject) -> bool:
         return self.inner.pod_update_or_add(pod)
@@ -153,13 +145,13 @@ class FlakyStore:
     def pod_resync(self, pods: Iterable[PodObject]) -> None:
         self.inner.pod_resync(pods)
 
-    def pod_get(self, key: NamespacedName) -> PodMetrics | None:
+    def pod_get(self, key: EndpointKey) -> PodMetrics | None:
         return self.inner.pod_get(key)
 
     def pod_get_all(self) -> Sequence[PodMetrics]:
         return self.inner.pod_get_all()
 
-    def pod_update_metrics_if_exist(self, key: NamespacedName, metrics: Metrics) -> bool:
+    def pod_update_metrics_if_exist(self, key: EndpointKey, metrics: Metrics) -> bool:
         return self.inner.pod_update_metrics_if_exist(key, metrics)
 
 

@@ -17,7 +17,15 @@ from epp.datastore import Datastore
 
 ROOT = Path(__file__).resolve().parents[3]
 GUARDED_TREES = ("tests/integration", "tests/e2e", "harness")
-READ_PREFIXES = ("pod_get", "model_get", "pool_get", "pool_has_synced", "pool_labels_match")
+READ_PREFIXES = (
+    "pod_get",
+    "objective_get",
+    "rewrite_get",
+    "rewrite_match",
+    "pool_get",
+    "pool_has_synced",
+    "pool_labels_match",
+)
 # Too generic to flag on any receiver (dict.clear(), list.clear()): only when the receiver is a store.
 GENERIC_NAMES = frozenset({"clear"})
 
@@ -57,7 +65,14 @@ def guarded_files() -> list[Path]:
 
 def test_mutator_list_is_derived_from_the_protocol() -> None:
     mutators = datastore_mutators()
-    assert {"pool_set", "pod_update_or_add", "pod_delete", "model_set_if_older", "clear"} <= mutators
+    assert {
+        "pool_set",
+        "pod_update_or_add",
+        "pod_delete",
+        "rewrite_set",
+        "objective_set",
+        "clear",
+    } <= mutators
     assert not any(m.startswith(READ_PREFIXES) for m in mutators)
 
 

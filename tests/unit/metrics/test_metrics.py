@@ -6,7 +6,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.api.types import InferencePool, PodObject
+from epp.api import v1alpha2
+from epp.api.types import PodObject, endpoint_key
 from epp.datastore import Datastore, Metrics, new_datastore
 from epp.metrics import PoolCollector, RequestMetrics
 from epp.metrics.pool import PoolView
@@ -17,13 +18,15 @@ _typed: PoolView = new_datastore()
 
 def _store(*pods: tuple[str, Metrics | None]) -> Datastore:
     store = new_datastore()
-    store.pool_set(InferencePool.from_api(PoolBuilder("my-pool").selector(app="x").port(8000).build()))
+    store.pool_set(v1alpha2.pool_from_api(PoolBuilder("my-pool").selector(app="x").port(8000).build()))
     for i, (name, metrics) in enumerate(pods):
         store.pod_update_or_add(
             PodObject.from_api(PodBuilder(name).labels(app="x").ready(f"10.0.0.{i + 1}").build())
         )
         if metrics is not None:
-            store.pod_update_metrics_if_exist(PodObject.from_api(PodBuilder(name).build()).key, metrics)
+            store.pod_update_metrics_if_exist(
+                endpoint_key(PodObject.from_api(PodBuilder(name).build()).key), metrics
+            )
     return store
 
 

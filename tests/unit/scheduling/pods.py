@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from epp.api.types import NamespacedName
+from epp.api.types import EndpointKey
 from epp.datastore.types import Metrics, Pod, PodMetrics
 
 NOW = 1000.0
@@ -20,7 +20,7 @@ def pm(
     updated_at: float | None = NOW,
 ) -> PodMetrics:
     return PodMetrics(
-        Pod(NamespacedName("default", name), f"10.0.0.{abs(hash(name)) % 250}"),
+        Pod(EndpointKey("default", name), f"10.0.0.{abs(hash(name)) % 250}", 8000),
         Metrics(
             waiting_queue_size=queue,
             kv_cache_usage=kv,

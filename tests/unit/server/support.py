@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from epp.api.types import InferenceModel, InferencePool, PodObject
+from epp.api import v1alpha2
+from epp.api.types import PodObject
 from epp.backend.metrics import Fetcher, ScrapeError
 from epp.config import ServerConfig
 from epp.datastore import Datastore
@@ -69,9 +70,9 @@ _fetcher: Fetcher = NoScrapes()
 
 
 def seed_pool(store: Datastore) -> None:
-    store.pool_set(InferencePool.from_api(PoolBuilder("pool").selector(app="vllm").port(8000).build()))
-    store.model_set_if_older(
-        InferenceModel.from_api(
+    store.pool_set(v1alpha2.pool_from_api(PoolBuilder("pool").selector(app="vllm").port(8000).build()))
+    store.rewrite_set(
+        v1alpha2.model_from_api(
             ModelBuilder("m").model_name("food-review").criticality("Critical").pool("pool").build()
         )
     )

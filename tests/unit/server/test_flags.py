@@ -315,3 +315,16 @@ def test_bad_scorer_weights_fall_back_to_defaults(caplog: pytest.LogCaptureFixtu
 def test_unknown_scheduler_is_a_flag_error() -> None:
     with pytest.raises(FlagError):
         parse_flags(["-poolName", "p", "--scheduler=magic"], {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "enabled"),
+    [
+        pytest.param([], False, id="off-by-default-active-active"),
+        pytest.param(["--ha-enable-leader-election"], True, id="bare"),
+        pytest.param(["--ha-enable-leader-election=false"], False, id="explicit-false"),
+    ],
+)
+def test_leader_election_flag_and_pod_name_identity(argv: list[str], enabled: bool) -> None:
+    config = parse_flags(["--poolName", "p", *argv], {"POD_NAME": "epp-0"}).config
+    assert (config.leader_election.enabled, config.leader_election.identity) == (enabled, "epp-0")

@@ -15,7 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.api.types import InferencePool
+from epp.api import v1alpha2
 from epp.datastore import Datastore, Metrics
 from epp.server.runner import READY_POLL_INTERVAL, Epp
 from epp.server.supervisor import TaskFailed
@@ -178,7 +178,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                 for method in ("POST", "PUT", "DELETE", "HEAD"):
                     async with http.request(method, url) as resp:
                         assert resp.status == 405, method
-            assert view == {
+            assert _as_before(view) == {
                 "pool": {
                     "namespace": "default",
                     "name": "pool",
@@ -229,8 +229,45 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                 ],
                 "watches": {},  # the seeding fake watches nothing (the controllers' own tests cover it)
             }
+            # What the one datastore shape adds beside those keys (DESIGN.md §1).
+            assert {k: view["pool"][k] for k in NEW_POOL_KEYS} == {
+                "group": "inference.networking.x-k8s.io",
+                "targetPorts": [8000],
+                "appProtocol": "http",
+                "endpointPickerRef": None,
+            }
+            assert [(p["port"], p["rank"]) for p in view["pods"]] == [(8000, 0), (8000, 0)]
+            assert view["objectives"] == []
+            assert view["rewrites"] == [
+                {
+                    "namespace": "default",
+                    "name": "m",
+                    "created": "1970-01-01T00:00:00+00:00",
+                    "poolRef": {
+                        "group": "inference.networking.x-k8s.io",
+                        "kind": "InferencePool",
+                        "name": "pool",
+                    },
+                    "rules": [{"models": ["food-review"], "targets": []}],
+                    "impliedPriority": 1,
+                }
+            ]
 
     asyncio.run(scenario())
+
+
+NEW_POOL_KEYS = ("group", "targetPorts", "appProtocol", "endpointPickerRef")
+NEW_POD_KEYS = ("port", "rank")
+NEW_TOP_KEYS = ("objectives", "rewrites")
+
+
+def _as_before(view: dict[str, Any]) -> dict[str, Any]:
+    """The debug view without the keys added for the v1 generation: exactly what the harness read before."""
+    old = {k: v for k, v in view.items() if k not in NEW_TOP_KEYS}
+    if old["pool"] is not None:
+        old["pool"] = {k: v for k, v in old["pool"].items() if k not in NEW_POOL_KEYS}
+    old["pods"] = [{k: v for k, v in p.items() if k not in NEW_POD_KEYS} for p in old["pods"]]
+    return old
 
 
 def test_metrics_endpoint_serves_the_injected_registry() -> None:
@@ -369,5 +406,5 @@ def test_datastore_before_start_is_an_error() -> None:
 
 def test_pool_builder_round_trip_sanity() -> None:
     # The seed helper builds the pool the EPP serves; a wrong name would make every test above vacuous.
-    pool = InferencePool.from_api(PoolBuilder("pool").selector(app="vllm").port(8000).build())
+    pool = v1alpha2.pool_from_api(PoolBuilder("pool").selector(app="vllm").port(8000).build())
     assert (pool.key.name, pool.target_port) == (LOOPBACK_CONFIG.pool_name, 8000)

@@ -1,0 +1,241 @@
+"""Leader election over a Lease (`--ha-enable-leader-election`, epp.k8s.leader): the pure decision
+table, then two electors sharing an in-memory Lease store with the API server's optimistic
+concurrency (a write with a stale resourceVersion is 409 Conflict) and an injected clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from epp.api import NamespacedName
+from epp.k8s.client import KubeClient
+from epp.k8s.errors import ApiError, KubeConnectionError
+from epp.k8s.leader import (
+    CREATE,
+    LEASES,
+    RENEW,
+    TAKE,
+    WAIT,
+    LeaderElector,
+    LeaseClient,
+    LeaseSettings,
+    Observed,
+    decide,
+)
+
+from .fake_apiserver import FakeApiServer
+from .support import plain_config, run
+
+POOL = NamespacedName("ns1", "pool")
+
+
+def lease(holder: str, renew: str = "t1", transitions: int = 0) -> dict[str, Any]:
+    return {"spec": {"holderIdentity": holder, "renewTime": renew, "leaseTransitions": transitions}}
+
+
+def seen(holder: str, renew: str = "t1", transitions: int = 0, at: float = 0.0) -> Observed:
+    return Observed(holder, (holder, renew, transitions, ""), at, 15.0)
+
+
+@pytest.mark.parametrize(
+    ("current", "observed", "now", "step"),
+    [
+        pytest.param(None, None, 0.0, CREATE, id="no-lease-create"),
+        pytest.param(lease("me"), seen("me"), 100.0, RENEW, id="ours-renew"),
+        pytest.param(lease(""), seen(""), 0.0, TAKE, id="released-take-at-once"),
+        pytest.param(lease("other"), seen("other", at=0.0), 14.9, WAIT, id="held-and-fresh-wait"),
+        pytest.param(lease("other"), seen("other", at=0.0), 15.0, TAKE, id="unchanged-for-a-duration-take"),
+        pytest.param(lease("other", "t2"), seen("other", "t1", at=0.0), 30.0, WAIT, id="renewed-since-wait"),
+        pytest.param(lease("other"), None, 100.0, WAIT, id="first-sight-wait"),
+    ],
+)
+def test_decide(current: dict[str, Any] | None, observed: Observed | None, now: float, step: str) -> None:
+    assert decide(current, "me", observed, now) == step
+
+
+class LeaseStore:
+    """The API server's side: objects by path, resourceVersion checked on replace."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.rv = 0
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise KubeConnectionError("connection refused")
+
+    async def get_object(self, path: str) -> dict[str, Any] | None:
+        self._check()
+        found = self.objects.get(path)
+        return None if found is None else copy.deepcopy(found)
+
+    async def create_object(self, collection_path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self._check()
+        path = f"{collection_path}/{obj['metadata']['name']}"
+        if path in self.objects:
+            raise ApiError(409, "AlreadyExists")
+        return self._store(path, obj)
+
+    async def replace_object(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self._check()
+        current = self.objects.get(path)
+        if current is None:
+            raise ApiError(404, "NotFound")
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict")
+        return self._store(path, obj)
+
+    def _store(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        stored = copy.deepcopy(dict(obj))
+        stored["metadata"] = {**stored["metadata"], "resourceVersion": str(self.rv)}
+        self.objects[path] = stored
+        return copy.deepcopy(stored)
+
+    def holder(self) -> str:
+        (only,) = self.objects.values()
+        return str(only["spec"]["holderIdentity"])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def elector(store: LeaseClient, clock: Clock, identity: str) -> LeaderElector:
+    return LeaderElector(
+        store,
+        POOL,
+        LeaseSettings(identity, lease_duration=15.0, renew_deadline=10.0, retry_period=2.0),
+        monotonic=clock,
+        wall=lambda: datetime(2025, 1, 1, tzinfo=UTC),
+    )
+
+
+def test_one_leader_and_the_next_takes_over_when_it_goes() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), Clock()
+        a, b = elector(store, clock, "a"), elector(store, clock, "b")
+        await a.try_once()
+        await b.try_once()
+        assert (a.is_leader, b.is_leader, store.holder()) == (True, False, "a")
+        assert a.lease_name == "epp-ns1-pool.gateway-api-inference-extension.sigs.k8s.io"
+        for _ in range(10):  # a renews every retry period: b never takes over
+            clock.now += 2.0
+            await a.try_once()
+            await b.try_once()
+        assert (a.is_leader, b.is_leader) == (True, False)
+        # a's pod dies without a word: after one lease duration unchanged, b takes the Lease.
+        clock.now += 14.0
+        await b.try_once()
+        assert not b.is_leader
+        clock.now += 2.0
+        await b.try_once()
+        assert (b.is_leader, store.holder()) == (True, "b")
+        assert store.objects[next(iter(store.objects))]["spec"]["leaseTransitions"] == 1
+
+    asyncio.run(main())
+
+
+def test_release_hands_over_at_once() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), Clock()
+        a, b = elector(store, clock, "a"), elector(store, clock, "b")
+        await a.try_once()
+        await b.try_once()
+        await a.release()
+        assert not a.is_leader
+        await b.try_once()  # no waiting for the lease duration
+        assert (b.is_leader, store.holder()) == (True, "b")
+        await a.try_once()  # a released for good (it is stopping)
+        assert not a.is_leader
+
+    asyncio.run(main())
+
+
+def test_two_takers_of_an_expired_lease_one_wins() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), Clock()
+        gone, b, c = elector(store, clock, "gone"), elector(store, clock, "b"), elector(store, clock, "c")
+        await gone.try_once()
+        await b.try_once()
+        await c.try_once()
+        clock.now += 15.0
+        # Both read the same expired Lease before either writes.
+        await asyncio.gather(b.try_once(), c.try_once())
+        assert [b.is_leader, c.is_leader].count(True) == 1
+        assert store.holder() in ("b", "c")
+
+    asyncio.run(main())
+
+
+def test_a_leader_that_cannot_renew_steps_down_before_its_lease_expires() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), Clock()
+        a = elector(store, clock, "a")
+        await a.try_once()
+        store.down = True
+        clock.now += 9.0
+        await a.try_once()
+        assert a.is_leader  # within the renew deadline
+        clock.now += 1.0
+        await a.try_once()
+        assert not a.is_leader  # 10 s without a renewal: NOT_SERVING, 5 s before others may take it
+
+    asyncio.run(main())
+
+
+def test_a_renewal_stuck_in_a_hung_call_does_not_keep_the_leader_serving() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), Clock()
+        a = elector(store, clock, "a")
+        await a.try_once()
+        clock.now += 9.9
+        assert a.is_leader
+        clock.now += 0.1  # no try_once returned meanwhile (the API hangs): the deadline alone decides
+        assert not a.is_leader
+
+    asyncio.run(main())
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="identity"):
+        LeaseSettings("")
+    with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
+        LeaseSettings("a", lease_duration=10.0, renew_deadline=10.0)
+
+
+def test_the_lease_goes_through_the_real_client() -> None:
+    """KubeClient's get/create/replace against the fake API server: 404 is None, a stale write 409."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            clock = Clock()
+            a, b = elector(client, clock, "a"), elector(client, clock, "b")
+            await a.try_once()
+            await b.try_once()
+            assert (a.is_leader, b.is_leader) == (True, False)
+            path = f"{LEASES.format(namespace='ns1')}/{a.lease_name}"
+            stored = await client.get_object(path)
+            assert stored is not None
+            assert stored["spec"]["holderIdentity"] == "a"
+            assert await client.get_object(f"{LEASES.format(namespace='ns1')}/nothing") is None
+            stale = {**stored, "metadata": {**stored["metadata"], "resourceVersion": "1"}}
+            with pytest.raises(ApiError) as conflict:
+                await client.replace_object(path, stale)
+            assert conflict.value.status == 409
+            await a.release()
+            await b.try_once()
+            assert b.is_leader
+
+    run(main)
