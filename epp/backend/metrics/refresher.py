@@ -10,7 +10,8 @@ with `pod_update_metrics_if_exist` for the address scraped, so a scrape that lan
 was deleted never brings it back, and one of an address the pod no longer has is dropped. An
 address change restarts the pod's loop (`pod_moved`): the scrape in flight to the old address,
 which may hang until its timeout, is cancelled and the new address is scraped at once. Scrape, then
-sleep: the first scrape is immediate, as in v0.2/v0.3.
+sleep: the first scrape is immediate, as in v0.2/v0.3. Which metric names are read depends on the
+pod's engine (`engine_of`: vllm, sglang, trtllm-serve, triton-tensorrt-llm, or a config file's own).
 
 `PodRefreshers` owns every task it starts (STYLE habit 6): `pod_removed` cancels one (twice is
 harmless), `pod_moved` replaces one, `aclose()` cancels and awaits all of them; nothing else creates
@@ -30,8 +31,17 @@ from epp.backend.metrics.fetch import ScrapeError
 from epp.backend.metrics.parse import compile_metric_names, parse_page
 from epp.config import ProberConfig
 from epp.datastore import Datastore
+from epp.datastore.types import Pod
 
 logger = logging.getLogger(__name__)
+
+
+def engine_of(pod: Pod) -> str:
+    """The pod's model-server engine: the value of its `inference.networking.k8s.io/engine-type`
+    label (`ProberConfig.engine_label_key`), "" when unlabelled. The pod reconciler puts it on the
+    datastore's `Pod` as `engine`; a `Pod` without that field is an unlabelled pod."""
+    engine = getattr(pod, "engine", "")
+    return engine if isinstance(engine, str) else ""
 
 
 class Fetcher(Protocol):
@@ -52,8 +62,12 @@ class PodRefreshers:
     ) -> None:
         self._fetcher = fetcher
         self._interval = config.refresh_interval
-        # Parsed once here, so a bad metric flag fails at construction, not in every scrape.
-        self._plan = compile_metric_names(config.metric_names)
+        # Parsed once here, so a bad metric flag fails at construction, not in every scrape. One
+        # plan per engine; a pod whose engine has none (or no engine) gets the default engine's.
+        self._plans = {engine: compile_metric_names(names) for engine, names in config.engine_names().items()}
+        self._default_plan = self._plans[config.default_engine]
+        # 0: the pool's target port (upstream's deprecated --model-server-metrics-port otherwise).
+        self._port = config.port
         self._loop = loop
         self._clock = clock
         # Touched only on the loop thread (calls from other threads are forwarded to it).
@@ -162,8 +176,9 @@ class PodRefreshers:
         if pod is None or pool is None:
             return
         address = pod.pod.address
-        text = await self._fetcher.fetch(address, pool.target_port)
-        result = parse_page(text, self._plan, pod.metrics, self._clock())
+        text = await self._fetcher.fetch(address, self._port or pool.target_port)
+        plan = self._plans.get(engine_of(pod.pod), self._default_plan)
+        result = parse_page(text, plan, pod.metrics, self._clock())
         if result.errors:
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("metrics of %s: %s", key, "; ".join(result.errors))
