@@ -16,7 +16,7 @@ from epp.backend.metrics.refresher import PodRefreshers, engine_of
 from epp.config import MetricNames, ProberConfig
 from epp.datastore import Datastore
 from epp.datastore.types import Metrics, Pod, PodMetrics
-from harness.eventually import eventually_async
+from harness.base.eventually import eventually_async
 
 # One page carrying every engine's families, each with its own numbers.
 PAGE = """\
