@@ -76,7 +76,8 @@ def queue_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
 
 
 def kv_cache_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
-    return [1.0 - min(1.0, max(0.0, p.metrics.kv_cache_usage)) for p in pods]
+    # Clamped to [0, 1] inline: min()/max() calls per pod cost more than the rest of the scorer.
+    return [1.0 - (1.0 if (u := p.metrics.kv_cache_usage) > 1.0 else 0.0 if u < 0.0 else u) for p in pods]
 
 
 def in_flight_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
@@ -117,8 +118,9 @@ def lora_scores(
 def prefix_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
     if request.prefix_blocks <= 0 or not request.prefix_matches:
         return [0.0] * len(pods)
-    matches = request.prefix_matches
-    return [matches.get(p.pod.key, 0) / request.prefix_blocks for p in pods]
+    get = request.prefix_matches.get
+    scale = 1.0 / request.prefix_blocks
+    return [get(p.pod.key, 0) * scale for p in pods]
 
 
 def running_requests_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
@@ -154,11 +156,14 @@ def _totals(
     config: SchedulerConfig,
     scorers: Sequence[tuple[Scorer, float]],
 ) -> Scores:
-    totals = [0.0] * len(pods)
+    totals: Scores | None = None
     for scorer, weight in scorers:
-        for i, score in enumerate(scorer(request, pods, config)):
-            totals[i] += weight * score
-    return totals
+        scores = scorer(request, pods, config)
+        if totals is None:
+            totals = [weight * score for score in scores]
+        else:
+            totals = [total + weight * score for total, score in zip(totals, scores, strict=True)]
+    return totals if totals is not None else [0.0] * len(pods)
 
 
 # --- pickers: one pod from the candidates and their totals (pure apart from the injected RNG) ---------
