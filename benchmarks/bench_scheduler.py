@@ -1,8 +1,11 @@
-"""Scheduling decision time at 10 / 100 / 1,000 pods (targets: ≤ 50 µs at 100, ≤ 500 µs at 1,000).
+"""Scheduling decision time at 10 / 100 / 1,000 pods (targets: ≤ 50 µs at 100, ≤ 500 µs at 1,000),
+for three schedulers: the v0.3.0 filter tree, our default scorer scheduler, and upstream v1.5's
+default profile (queue 2, KV cache 2, prefix 3, max-score picker) loaded from
+examples/config/upstream-default.yaml.
 
 Pods carry a realistic spread of queue, KV and LoRA state, all fresh; requests alternate Critical and
-Sheddable and name one of a few adapters, so every branch of the tree is exercised. Prints figures,
-asserts nothing.
+Sheddable, name one of a few adapters, and have 16 prompt blocks of which some pods already hold a
+prefix, so every branch of the tree and every scorer is exercised. Prints figures, asserts nothing.
 
     .venv/bin/python benchmarks/bench_scheduler.py
 """
@@ -12,12 +15,17 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from pathlib import Path
 
 from epp.api.types import EndpointKey
-from epp.config import SchedulerConfig
+from epp.config import FILTER_TREE, SCORER, ProberConfig, SchedulerConfig
 from epp.datastore.types import Metrics, Pod, PodMetrics
 from epp.errors import EppError
-from epp.scheduling import LLMRequest, Scheduler
+from epp.pickerconfig import load_picker_config
+from epp.scheduling import LLMRequest, new_scheduler
+
+UPSTREAM_DEFAULT = Path(__file__).resolve().parents[1] / "examples" / "config" / "upstream-default.yaml"
+PROMPT_BLOCKS = 16
 
 NOW = 1000.0
 ADAPTERS = [f"lora-{i}" for i in range(8)]
@@ -43,11 +51,39 @@ def make_pods(n: int, rng: random.Random) -> list[PodMetrics]:
     return pods
 
 
-def bench(n: int, rounds: int) -> float:
+def make_requests(pods: list[PodMetrics], rng: random.Random) -> list[LLMRequest]:
+    requests = []
+    for i in range(64):
+        holders = rng.sample(pods, max(1, len(pods) // 10))
+        matches = {p.pod.key: rng.randint(1, PROMPT_BLOCKS) for p in holders}
+        requests.append(
+            LLMRequest(
+                "m",
+                rng.choice(ADAPTERS),
+                critical=i % 2 == 0,
+                prefix_blocks=PROMPT_BLOCKS,
+                prefix_matches=matches,
+            )
+        )
+    return requests
+
+
+def schedulers() -> dict[str, SchedulerConfig]:
+    upstream = load_picker_config(
+        UPSTREAM_DEFAULT.read_text(), scheduler=SchedulerConfig(), prober=ProberConfig()
+    ).scheduler
+    return {
+        "v0.3 filter tree": SchedulerConfig(kind=FILTER_TREE),
+        "our default scorers": SchedulerConfig(kind=SCORER),
+        "upstream default profile": upstream,
+    }
+
+
+def bench(config: SchedulerConfig, n: int, rounds: int) -> float:
     rng = random.Random(n)
     pods = make_pods(n, rng)
-    requests = [LLMRequest("m", rng.choice(ADAPTERS), critical=i % 2 == 0) for i in range(64)]
-    scheduler = Scheduler(SchedulerConfig(), random.Random(1), clock=lambda: NOW)
+    requests = make_requests(pods, rng)
+    scheduler = new_scheduler(config, random.Random(1), clock=lambda: NOW)
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
@@ -60,11 +96,13 @@ def bench(n: int, rounds: int) -> float:
 
 def main() -> None:
     print("scheduling decision time (best of 5 runs)")
-    for n, rounds in ((10, 20_000), (100, 5_000), (1000, 500)):
-        us = bench(n, rounds)
-        target = TARGETS_US.get(n)
-        note = f"  (target ≤ {target:g} µs)" if target else ""
-        print(f"  {n:>5} pods: {us:8.1f} µs/decision{note}")
+    for name, config in schedulers().items():
+        print(f"  {name}")
+        for n, rounds in ((10, 20_000), (100, 5_000), (1000, 500)):
+            us = bench(config, n, rounds)
+            target = TARGETS_US.get(n)
+            note = f"  (target ≤ {target:g} µs)" if target else ""
+            print(f"    {n:>5} pods: {us:8.1f} µs/decision{note}")
 
 
 if __name__ == "__main__":

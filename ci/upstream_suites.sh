@@ -17,8 +17,6 @@ suites=("$@")
 assets=$(.venv/bin/harness assets)
 echo "==> KUBEBUILDER_ASSETS=$assets"
 scratch=$(mktemp -d -t upstream-suites-XXXXXX)
-trap 'chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"' EXIT
-
 module_copy() {  # module_copy VERSION -> a writable copy of the module's source
     local dir
     dir=$(GOFLAGS=-mod=mod go mod download -json "$MODULE@$1" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
@@ -26,6 +24,27 @@ module_copy() {  # module_copy VERSION -> a writable copy of the module's source
     chmod -R u+w "$scratch/$1"
     echo "$scratch/$1"
 }
+
+# test/cel insists on downloading envtest's binaries unless KUBECONFIG names a cluster: it gets a
+# harness cluster (etcd + kube-apiserver) with v1.6.0's CRDs, as `harness up` runs it.
+up_pid=
+with_cluster() {  # with_cluster RELEASE: start `harness up --minimal`, export KUBECONFIG once it serves
+    .venv/bin/harness up --minimal --crd-release "$1" --write-kubeconfig "$scratch/kubeconfig" \
+        > "$scratch/up.log" 2>&1 &
+    up_pid=$!
+    for _ in $(seq 1 600); do
+        grep -q 'Press Ctrl-C' "$scratch/up.log" && { export KUBECONFIG="$scratch/kubeconfig"; return 0; }
+        kill -0 "$up_pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    cat "$scratch/up.log" >&2
+    return 1
+}
+stop_cluster() {
+    if [ -n "$up_pid" ]; then kill -INT "$up_pid" 2>/dev/null || true; wait "$up_pid" || true; up_pid=; fi
+    unset KUBECONFIG
+}
+trap 'stop_cluster; chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"' EXIT
 
 status=0
 for suite in "${suites[@]}"; do
@@ -35,10 +54,12 @@ for suite in "${suites[@]}"; do
         *) echo "unknown suite $suite (integration, cel)" >&2; exit 2 ;;
     esac
     source=$(module_copy "$version")
+    if [ "$suite" = cel ]; then with_cluster "$version"; fi
     echo "==> $MODULE@$version: go test $package"
     start=$(date +%s)
     if (cd "$source" && KUBEBUILDER_ASSETS="$assets" GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod go test -count=1 "$package" -v 2>&1 \
             | tee "$scratch/$suite.log" | grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|PASS|FAIL|ok|Ran )' ); then :; fi
+    stop_cluster
     passed=$(grep -c -- '--- PASS' "$scratch/$suite.log" || true)
     failed=$(grep -c -- '--- FAIL' "$scratch/$suite.log" || true)
     echo "==> $suite ($MODULE@$version): $passed passed, $failed failed in $(( $(date +%s) - start )) s"

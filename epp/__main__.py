@@ -56,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(flags.log_level, flags.log_encoder, sys.stderr)
     log.info("flags: %s (verbosity %d)", flags.config, flags.verbosity)
+    for note in flags.notes:
+        log.info("%s", note)
     try:
         with asyncio.Runner(loop_factory=loop_factory(flags.config.event_loop)) as runner:
             return runner.run(serve(flags.config, os.environ))

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from epp.api.types import DEFAULT_POOL_GROUP, POOL_GROUPS
+from epp.api.types import DEFAULT_POOL_GROUP as DEFAULT_POOL_GROUP
+from epp.api.types import POOL_GROUPS as POOL_GROUPS
+from epp.api.types import V1_GROUP, V1ALPHA2_GROUP
 
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_GRPC_HEALTH_PORT = 9003
@@ -21,6 +23,12 @@ DEFAULT_METRICS_PORT = 9090
 DEFAULT_DEBUG_PORT = 9091
 DEFAULT_DEBUG_BIND_ADDRESS = "127.0.0.1"
 DEFAULT_POOL_NAMESPACE = "default"
+# `--pool-group`: which API generation the EPP serves (DESIGN.md §1). The v1 group is the default;
+# the x-k8s.io group means v1alpha2 (InferencePool + InferenceModel as in upstream v0.3.0).
+V1_POOL_GROUP = V1_GROUP
+V1ALPHA2_POOL_GROUP = V1ALPHA2_GROUP
+# Standalone mode (`--endpoint-selector`): at most this many `--endpoint-target-ports`, as a v1 pool.
+MAX_TARGET_PORTS = 8
 DEFAULT_REFRESH_METRICS_INTERVAL = 0.05
 DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL = 5.0
 DEFAULT_METRICS_STALENESS_THRESHOLD = 2.0
@@ -33,6 +41,19 @@ DEFAULT_RUNNING_REQUESTS_METRIC = "vllm:num_requests_running"
 DEFAULT_KV_CACHE_USAGE_METRIC = "vllm:kv_cache_usage_perc"
 FALLBACK_KV_CACHE_USAGE_METRIC = "vllm:gpu_cache_usage_perc"
 DEFAULT_LORA_INFO_METRIC = "vllm:lora_requests_info"
+
+# Model-server engines (upstream v1.5 `core-metrics-extractor`): a pod's engine is the value of its
+# label `ENGINE_LABEL_KEY`; unlabelled pods (and unknown values) use the default engine's names.
+ENGINE_LABEL_KEY = "inference.networking.k8s.io/engine-type"
+VLLM_ENGINE = "vllm"
+SGLANG_ENGINE = "sglang"
+TRTLLM_SERVE_ENGINE = "trtllm-serve"
+TRITON_TRTLLM_ENGINE = "triton-tensorrt-llm"
+DEFAULT_ENGINE = VLLM_ENGINE
+# How the prober reaches /metrics (`--model-server-metrics-*`, or `metrics-data-source` parameters).
+DEFAULT_METRICS_SCHEME = "http"
+METRICS_SCHEMES = ("http", "https")
+DEFAULT_METRICS_PATH = "/metrics"
 
 DEFAULT_KV_CACHE_THRESHOLD = 0.8
 DEFAULT_QUEUE_THRESHOLD_CRITICAL = 5
@@ -107,6 +128,31 @@ SCHEDULERS = (FILTER_TREE, SCORER)
 DEFAULT_SCHEDULER = SCORER
 DEFAULT_PREFIX_BLOCK_CHARS = 64
 DEFAULT_PREFIX_MAX_BLOCKS = 128
+# Block hashes remembered per pod by the prefix index (the datastore's LRU).
+DEFAULT_PREFIX_CAPACITY_PER_POD = 32768
+
+# The scorers of the scorer scheduler (epp/scheduling/scorers.py), by our names; EndpointPickerConfig's
+# plugin types map onto them (epp/pickerconfig).
+QUEUE_SCORER = "queue"
+KV_CACHE_SCORER = "kv_cache"
+IN_FLIGHT_SCORER = "in_flight"
+LORA_SCORER = "lora"
+PREFIX_SCORER = "prefix"
+RUNNING_REQUESTS_SCORER = "running_requests"
+SCORER_KINDS = (
+    QUEUE_SCORER,
+    KV_CACHE_SCORER,
+    IN_FLIGHT_SCORER,
+    LORA_SCORER,
+    PREFIX_SCORER,
+    RUNNING_REQUESTS_SCORER,
+)
+# How the scorer scheduler picks from the totals: the highest (ties at random), uniformly at random
+# (scores ignored), or at random in proportion to the totals.
+MAX_SCORE_PICKER = "max-score"
+RANDOM_PICKER = "random"
+WEIGHTED_RANDOM_PICKER = "weighted-random"
+PICKERS = (MAX_SCORE_PICKER, RANDOM_PICKER, WEIGHTED_RANDOM_PICKER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +167,52 @@ class ScorerWeights:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    kind: str
+    weight: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCORER_KINDS:
+            raise ConfigError("scorer", self.kind, f"must be one of {', '.join(SCORER_KINDS)}")
+        _non_negative("weight", self.weight)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringProfile:
+    """What the scorer scheduler sums and how it picks (an EndpointPickerConfig profile, translated)."""
+
+    scorers: tuple[WeightedScorer, ...]
+    picker: str = MAX_SCORE_PICKER
+
+    def __post_init__(self) -> None:
+        if self.picker not in PICKERS:
+            raise ConfigError("picker", self.picker, f"must be one of {', '.join(PICKERS)}")
+
+    @classmethod
+    def from_weights(cls, weights: ScorerWeights) -> ScoringProfile:
+        """Our measured default: the five scorers with `ScorerWeights`, the highest total wins."""
+        return cls(
+            tuple(
+                WeightedScorer(kind, weight)
+                for kind, weight in (
+                    (QUEUE_SCORER, weights.queue),
+                    (KV_CACHE_SCORER, weights.kv_cache),
+                    (IN_FLIGHT_SCORER, weights.in_flight),
+                    (LORA_SCORER, weights.lora),
+                    (PREFIX_SCORER, weights.prefix),
+                )
+            )
+        )
+
+    def weight_of(self, kind: str) -> float:
+        return sum(s.weight for s in self.scorers if s.kind == kind)
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Which scheduler, and its settings (env overrides KV_CACHE_THRESHOLD etc. are read by the entry
     point). The filter tree's thresholds also drive the scorer scheduler's shedding of non-critical
-    requests."""
+    requests. `profile` (from an EndpointPickerConfig) replaces the scorers `weights` describe."""
 
     kv_cache_threshold: float = DEFAULT_KV_CACHE_THRESHOLD
     queue_threshold_critical: int = DEFAULT_QUEUE_THRESHOLD_CRITICAL
@@ -133,13 +221,20 @@ class SchedulerConfig:
     metrics_staleness_threshold: float = DEFAULT_METRICS_STALENESS_THRESHOLD
     kind: str = DEFAULT_SCHEDULER
     weights: ScorerWeights = field(default_factory=ScorerWeights)
+    profile: ScoringProfile | None = None
     prefix_block_chars: int = DEFAULT_PREFIX_BLOCK_CHARS
     prefix_max_blocks: int = DEFAULT_PREFIX_MAX_BLOCKS
+    prefix_capacity_per_pod: int = DEFAULT_PREFIX_CAPACITY_PER_POD
+
+    @property
+    def scoring_profile(self) -> ScoringProfile:
+        """The scorers and picker of the scorer scheduler."""
+        return self.profile if self.profile is not None else ScoringProfile.from_weights(self.weights)
 
     @property
     def prefix_aware(self) -> bool:
         """Whether requests need prompt prefix hashes (only the scorer with a prefix weight uses them)."""
-        return self.kind == SCORER and self.weights.prefix > 0
+        return self.kind == SCORER and self.scoring_profile.weight_of(PREFIX_SCORER) > 0
 
     def __post_init__(self) -> None:
         _fraction("kv_cache_threshold", self.kv_cache_threshold)
@@ -147,6 +242,11 @@ class SchedulerConfig:
         _non_negative_count("queueing_threshold_lora", self.queueing_threshold_lora)
         _fraction("lora_affinity_threshold", self.lora_affinity_threshold)
         _positive("metrics_staleness_threshold", self.metrics_staleness_threshold)
+        if self.kind not in SCHEDULERS:
+            raise ConfigError("kind", self.kind, f"must be one of {', '.join(SCHEDULERS)}")
+        for name in ("prefix_block_chars", "prefix_max_blocks", "prefix_capacity_per_pod"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, getattr(self, name), "must be 1 or more")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,15 +260,86 @@ class MetricNames:
     lora_info: str = DEFAULT_LORA_INFO_METRIC
 
 
+# Each engine's metric names, as upstream v1.5 knows them (reference/upstream-v1.md §d). An empty
+# name disables that metric: only vLLM reports LoRA adapters.
+ENGINE_METRIC_NAMES: tuple[tuple[str, MetricNames], ...] = (
+    (VLLM_ENGINE, MetricNames()),
+    (
+        SGLANG_ENGINE,
+        MetricNames(
+            queued_requests="sglang:num_queue_reqs",
+            running_requests="sglang:num_running_reqs",
+            kv_cache_usage="sglang:token_usage",
+            kv_cache_usage_fallback="",
+            lora_info="",
+        ),
+    ),
+    (
+        TRTLLM_SERVE_ENGINE,
+        MetricNames(
+            queued_requests="trtllm_num_requests_waiting",
+            running_requests="trtllm_num_requests_running",
+            kv_cache_usage="trtllm_kv_cache_utilization",
+            kv_cache_usage_fallback="",
+            lora_info="",
+        ),
+    ),
+    (
+        TRITON_TRTLLM_ENGINE,
+        MetricNames(
+            queued_requests="nv_trt_llm_request_metrics{request_type=waiting}",
+            running_requests="nv_trt_llm_request_metrics{request_type=scheduled}",
+            kv_cache_usage="nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}",
+            kv_cache_usage_fallback="",
+            lora_info="",
+        ),
+    ),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ProberConfig:
+    """How pods are scraped. `metric_names` are the default engine's names (the v0.3 metric flags
+    set them); `engines` holds every engine's names, the default engine's included or not. A pod's
+    engine comes from its `engine_label_key` label; `names_for` picks its set."""
+
     refresh_interval: float = DEFAULT_REFRESH_METRICS_INTERVAL
     scrape_timeout: float = DEFAULT_SCRAPE_TIMEOUT
     metric_names: MetricNames = field(default_factory=MetricNames)
+    engines: tuple[tuple[str, MetricNames], ...] = ENGINE_METRIC_NAMES
+    default_engine: str = DEFAULT_ENGINE
+    engine_label_key: str = ENGINE_LABEL_KEY
+    scheme: str = DEFAULT_METRICS_SCHEME
+    path: str = DEFAULT_METRICS_PATH
+    # 0: scrape the pod's target port; otherwise this port (upstream's deprecated metrics-port flag).
+    port: int = 0
+    insecure_skip_verify: bool = True
 
     def __post_init__(self) -> None:
         _positive("refresh_interval", self.refresh_interval)
         _positive("scrape_timeout", self.scrape_timeout)
+        if self.scheme not in METRICS_SCHEMES:
+            raise ConfigError("metrics_scheme", self.scheme, "must be http or https")
+        if not self.path.startswith("/"):
+            raise ConfigError("metrics_path", self.path, "must start with /")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("metrics_port", self.port, "must be a port number (0: the target port)")
+        if not self.default_engine:
+            raise ConfigError("default_engine", self.default_engine, "must not be empty")
+
+    def names_for(self, engine: str) -> MetricNames:
+        """The metric names for a pod labelled `engine` ("" or an unknown engine: the default's)."""
+        if engine and engine != self.default_engine:
+            for name, names in self.engines:
+                if name == engine:
+                    return names
+        return self.metric_names
+
+    def engine_names(self) -> dict[str, MetricNames]:
+        """Every engine's names, the default engine's being `metric_names`."""
+        out = dict(self.engines)
+        out[self.default_engine] = self.metric_names
+        return out
 
 
 # The watch liveness rule (DESIGN.md §6; epp/k8s/informer.py): every watch is asked to end after
@@ -223,12 +394,18 @@ class LeaderElectionConfig:
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
+    # "" in standalone mode (`endpoint_selector` set instead).
     pool_name: str
     pool_namespace: str = DEFAULT_POOL_NAMESPACE
     # Which API generation is served (DESIGN.md §1): `inference.networking.k8s.io` (InferencePool v1,
     # InferenceObjective, InferenceModelRewrite) or `inference.networking.x-k8s.io` (v1alpha2:
     # InferencePool, InferenceModel). Upstream's `--pool-group`.
     pool_group: str = DEFAULT_POOL_GROUP
+    # Standalone mode (`--endpoint-selector`): pods matching these labels, on these ports, no pool.
+    endpoint_selector: tuple[tuple[str, str], ...] = ()
+    endpoint_target_ports: tuple[int, ...] = ()
+    # Ignore the proxy's `x-gateway-destination-endpoint-subset` hint (`--disable-endpoint-subset-filter`).
+    disable_endpoint_subset_filter: bool = False
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_health_port: int = DEFAULT_GRPC_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
@@ -239,6 +416,8 @@ class ServerConfig:
     debug_bind_address: str = DEFAULT_DEBUG_BIND_ADDRESS
     secure_serving: bool = True
     cert_path: str = ""
+    # A setting only for now: read by nobody yet (`--enable-cert-reload`).
+    enable_cert_reload: bool = False
     destination_endpoint_hint_key: str = DEFAULT_DESTINATION_ENDPOINT_HINT_KEY
     destination_endpoint_hint_metadata_namespace: str = DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE
     refresh_prometheus_metrics_interval: float = DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL
@@ -254,11 +433,23 @@ class ServerConfig:
     leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
 
     def __post_init__(self) -> None:
+        if self.pool_group not in POOL_GROUPS:
+            raise ConfigError("pool_group", self.pool_group, f"must be one of {', '.join(POOL_GROUPS)}")
+        if self.endpoint_selector:
+            if self.pool_name:
+                raise ConfigError("endpoint_selector", self.endpoint_selector, "excludes a pool name")
+            if not 1 <= len(self.endpoint_target_ports) <= MAX_TARGET_PORTS:
+                raise ConfigError(
+                    "endpoint_target_ports",
+                    self.endpoint_target_ports,
+                    f"needs 1 to {MAX_TARGET_PORTS} ports with an endpoint selector",
+                )
+        for port in self.endpoint_target_ports:
+            if not 1 <= port <= 65535:
+                raise ConfigError("endpoint_target_ports", port, "must be a port number from 1 to 65535")
         _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
         _non_negative("shutdown_delay", self.shutdown_delay)
         _non_negative("shutdown_grace_period", self.shutdown_grace_period)
-        if self.pool_group not in POOL_GROUPS:
-            raise ConfigError("pool_group", self.pool_group, f"must be one of {', '.join(POOL_GROUPS)}")
         if self.max_request_body_bytes < 1:
             raise ConfigError("max_request_body_bytes", self.max_request_body_bytes, "must be 1 or more")
         if self.ext_proc_transport not in EXT_PROC_TRANSPORTS:
@@ -278,6 +469,16 @@ class ServerConfig:
                 f"must not be longer than the metrics staleness threshold ({stale}s): pods would "
                 "always look stale",
             )
+
+    @property
+    def api_v1(self) -> bool:
+        """True for the v1 API generation (the default), False for v1alpha2 (upstream v0.3.0's)."""
+        return self.pool_group == V1_POOL_GROUP
+
+    @property
+    def standalone(self) -> bool:
+        """Pods chosen by `endpoint_selector`, no InferencePool (upstream's standalone mode)."""
+        return bool(self.endpoint_selector)
 
     @property
     def grpc_max_message_bytes(self) -> int:

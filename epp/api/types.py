@@ -29,9 +29,9 @@ V1ALPHA2_GROUP = "inference.networking.x-k8s.io"
 POOL_GROUPS = (V1_GROUP, V1ALPHA2_GROUP)
 POOL_KIND = "InferencePool"
 
-# The generation the EPP serves when nothing says otherwise. Upstream v1.x defaults to v1; ours stays
-# v1alpha2 until the harness passes the group explicitly (it runs v1alpha2 scenarios today).
-DEFAULT_POOL_GROUP = V1ALPHA2_GROUP
+# The generation the EPP serves when nothing says otherwise: v1, as upstream v1.x (the harness and
+# the chart pass `--pool-group` for the generation they install).
+DEFAULT_POOL_GROUP = V1_GROUP
 
 # For code written against the single v1alpha2 generation.
 API_GROUP = V1ALPHA2_GROUP

@@ -43,6 +43,18 @@ Change = tuple[str, EndpointKey]
 DEFAULT_PREFIX_CAPACITY_PER_POD = 32768
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Member:
+    """What the store keeps of a member pod to (re)build its endpoints when the pool's ports change."""
+
+    address: str
+    labels: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, pod: PodObject) -> _Member:
+        return cls(pod.pod_ip, tuple(sorted(pod.labels.items())))
+
+
 class _Store:
     def __init__(self, listener: PodLifecycleListener | None, prefix_capacity_per_pod: int) -> None:
         # One lock guards every field below together, so a clear() or a resync is atomic for readers.
@@ -53,7 +65,7 @@ class _Store:
         self._rewrites: dict[NamespacedName, ModelRewrite] = {}
         self._rewrite_index = RewriteIndex()  # rebuilt from _rewrites on every change
         # Pods present (pod -> address), and their endpoints: one per pod and target port.
-        self._members: dict[NamespacedName, str] = {}
+        self._members: dict[NamespacedName, _Member] = {}
         self._pods: dict[EndpointKey, PodMetrics] = {}
         # The handlers' routing memory: requests in flight per endpoint and target model (mirrored
         # into each PodMetrics.dispatched snapshot), and the prompt prefixes routed to each endpoint.
@@ -70,8 +82,8 @@ class _Store:
             if old is None or old.target_ports != pool.target_ports:
                 # The endpoints follow the ports at once: new ranks added, gone ranks removed
                 # (upstream #2306 kept them), renumbered ranks moved.
-                for pod, address in self._members.items():
-                    changes += self._put_endpoints(pod, address)
+                for pod, member in self._members.items():
+                    changes += self._put_endpoints(pod, member)
         self._tell_all(changes)
 
     def pool_get(self) -> InferencePool | None:
@@ -154,8 +166,8 @@ class _Store:
             if self._pool is None:
                 return False
             new = pod.key not in self._members
-            self._members[pod.key] = pod.pod_ip
-            changes = self._put_endpoints(pod.key, pod.pod_ip)
+            self._members[pod.key] = member = _Member.of(pod)
+            changes = self._put_endpoints(pod.key, member)
         self._tell_all(changes)
         return new
 
@@ -174,8 +186,8 @@ class _Store:
                 changes += self._drop_endpoints(key, keep=0)
             if self._pool is not None:
                 for key, pod in wanted.items():
-                    self._members[key] = pod.pod_ip
-                    changes += self._put_endpoints(key, pod.pod_ip)
+                    self._members[key] = member = _Member.of(pod)
+                    changes += self._put_endpoints(key, member)
         self._tell_all(changes)
 
     def pod_get(self, key: EndpointKey) -> PodMetrics | None:
@@ -237,7 +249,7 @@ class _Store:
                 self._prefixes.record(key, hashes)
 
     # --- internals ----------------------------------------------------------------------------
-    def _put_endpoints(self, pod: NamespacedName, address: str) -> list[Change]:
+    def _put_endpoints(self, pod: NamespacedName, member: _Member) -> list[Change]:
         """Caller holds the lock and a pool is known: the pod's endpoints for the pool's ports.
 
         Existing ranks keep their metrics (a new address or port is a move); ranks past the pool's
@@ -248,7 +260,7 @@ class _Store:
         changes: list[Change] = []
         for rank, port in enumerate(ports):
             key = endpoint_key(pod, rank)
-            fresh = Pod(key=key, address=address, port=port)
+            fresh = Pod(key=key, address=member.address, port=port, labels=member.labels)
             current = self._pods.get(key)
             if current is None:
                 self._pods[key] = PodMetrics(fresh)

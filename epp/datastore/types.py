@@ -40,6 +40,12 @@ class Pod:
     key: EndpointKey
     address: str
     port: int
+    # The pod's labels (sorted items): the prober picks the model server's engine by one of them
+    # (`inference.networking.k8s.io/engine-type` by default, epp.backend.metrics.refresher.engine_of).
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def label(self, key: str) -> str:
+        return next((value for name, value in self.labels if name == key), "")
 
     @property
     def endpoint(self) -> str:

@@ -18,6 +18,12 @@ ties broken at random. All pure functions of the request and the pods' snapshots
   whatever it runs, as the filter tree drops affinity there.
 * prefix: the share of the request's prompt blocks the pod was already sent (a likely prefix-cache
   hit, ``LLMRequest.prefix_matches``).
+* running requests: the scraped running-request count, min-max normalised (off by default).
+
+Which scorers, their weights and the picker come from `SchedulerConfig.scoring_profile`: our
+measured default (`ScorerWeights`), or a profile from an EndpointPickerConfig file (epp.pickerconfig).
+Pickers: the highest total with ties at random (the default, upstream's max-score-picker), a
+uniform draw, or a draw in proportion to the totals.
 
 Admission is the same as upstream v0.4's saturation detector and the filter tree's: a non-critical
 request is shed (429) when no fresh pod has queue <= queue_threshold_critical and KV <=
@@ -27,9 +33,23 @@ Critical requests go to a uniform draw and the rest are shed.
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable, Sequence
 
-from epp.config import DEFAULT_QUEUEING_THRESHOLD_LORA, SchedulerConfig, ScorerWeights
+from epp.config import (
+    DEFAULT_QUEUEING_THRESHOLD_LORA,
+    IN_FLIGHT_SCORER,
+    KV_CACHE_SCORER,
+    LORA_SCORER,
+    MAX_SCORE_PICKER,
+    PREFIX_SCORER,
+    QUEUE_SCORER,
+    RANDOM_PICKER,
+    RUNNING_REQUESTS_SCORER,
+    WEIGHTED_RANDOM_PICKER,
+    SchedulerConfig,
+)
 from epp.datastore.types import PodMetrics
 from epp.errors import ResourceExhausted
 from epp.scheduling.filters import LLMRequest
@@ -56,7 +76,8 @@ def queue_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
 
 
 def kv_cache_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
-    return [1.0 - min(1.0, max(0.0, p.metrics.kv_cache_usage)) for p in pods]
+    # Clamped to [0, 1] inline: min()/max() calls per pod cost more than the rest of the scorer.
+    return [1.0 - (1.0 if (u := p.metrics.kv_cache_usage) > 1.0 else 0.0 if u < 0.0 else u) for p in pods]
 
 
 def in_flight_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
@@ -97,35 +118,100 @@ def lora_scores(
 def prefix_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
     if request.prefix_blocks <= 0 or not request.prefix_matches:
         return [0.0] * len(pods)
-    matches = request.prefix_matches
-    return [matches.get(p.pod.key, 0) / request.prefix_blocks for p in pods]
+    get = request.prefix_matches.get
+    scale = 1.0 / request.prefix_blocks
+    return [get(p.pod.key, 0) * scale for p in pods]
+
+
+def running_requests_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
+    """The scraped running-request count, min-max normalised (upstream's running-requests-size-scorer)."""
+    return min_max([p.metrics.running_queue_size for p in pods])
 
 
 Scorer = Callable[[LLMRequest, Sequence[PodMetrics], SchedulerConfig], Scores]
 
-# name -> (scorer, its weight in ScorerWeights)
-SCORERS: dict[str, tuple[Scorer, Callable[[ScorerWeights], float]]] = {
-    "queue": (lambda r, p, c: queue_scores(r, p), lambda w: w.queue),
-    "kv_cache": (lambda r, p, c: kv_cache_scores(r, p), lambda w: w.kv_cache),
-    "in_flight": (lambda r, p, c: in_flight_scores(r, p), lambda w: w.in_flight),
-    "lora": (lambda r, p, c: lora_scores(r, p, c.queueing_threshold_lora), lambda w: w.lora),
-    "prefix": (lambda r, p, c: prefix_scores(r, p), lambda w: w.prefix),
+# Our scorer names (epp.config.SCORER_KINDS) -> the scorer.
+SCORERS: dict[str, Scorer] = {
+    QUEUE_SCORER: lambda r, p, c: queue_scores(r, p),
+    KV_CACHE_SCORER: lambda r, p, c: kv_cache_scores(r, p),
+    IN_FLIGHT_SCORER: lambda r, p, c: in_flight_scores(r, p),
+    LORA_SCORER: lambda r, p, c: lora_scores(r, p, c.queueing_threshold_lora),
+    PREFIX_SCORER: lambda r, p, c: prefix_scores(r, p),
+    RUNNING_REQUESTS_SCORER: lambda r, p, c: running_requests_scores(r, p),
 }
 
 
+def weighted_scorers(config: SchedulerConfig) -> tuple[tuple[Scorer, float], ...]:
+    """The profile's scorers with a non-zero weight, in profile order."""
+    return tuple((SCORERS[s.kind], s.weight) for s in config.scoring_profile.scorers if s.weight > 0)
+
+
 def total_scores(request: LLMRequest, pods: Sequence[PodMetrics], config: SchedulerConfig) -> Scores:
-    totals = [0.0] * len(pods)
-    for scorer, weight_of in SCORERS.values():
-        weight = weight_of(config.weights)
-        if weight == 0:
-            continue
-        for i, score in enumerate(scorer(request, pods, config)):
-            totals[i] += weight * score
-    return totals
+    return _totals(request, pods, config, weighted_scorers(config))
+
+
+def _totals(
+    request: LLMRequest,
+    pods: Sequence[PodMetrics],
+    config: SchedulerConfig,
+    scorers: Sequence[tuple[Scorer, float]],
+) -> Scores:
+    totals: Scores | None = None
+    for scorer, weight in scorers:
+        scores = scorer(request, pods, config)
+        if totals is None:
+            totals = [weight * score for score in scores]
+        else:
+            totals = [total + weight * score for total, score in zip(totals, scores, strict=True)]
+    return totals if totals is not None else [0.0] * len(pods)
+
+
+# --- pickers: one pod from the candidates and their totals (pure apart from the injected RNG) ---------
+Picker = Callable[[list[PodMetrics], Scores, random.Random], PodMetrics]
+
+
+def pick_max_score(pods: list[PodMetrics], totals: Scores, rng: random.Random) -> PodMetrics:
+    """The highest total; ties at random."""
+    best = max(totals)
+    winners = [p for p, total in zip(pods, totals, strict=True) if total >= best - 1e-9]
+    return winners[0] if len(winners) == 1 else rng.choice(winners)
+
+
+def pick_random(pods: list[PodMetrics], totals: Scores, rng: random.Random) -> PodMetrics:
+    """Uniformly at random; the scores play no part."""
+    return rng.choice(pods)
+
+
+def pick_weighted_random(pods: list[PodMetrics], totals: Scores, rng: random.Random) -> PodMetrics:
+    """At random in proportion to the totals; uniformly when every total is 0."""
+    weights = [max(0.0, t) for t in totals]
+    if sum(weights) <= 0:
+        return rng.choice(pods)
+    return rng.choices(pods, weights=weights, k=1)[0]
+
+
+PICKERS: dict[str, Picker] = {
+    MAX_SCORE_PICKER: pick_max_score,
+    RANDOM_PICKER: pick_random,
+    WEIGHTED_RANDOM_PICKER: pick_weighted_random,
+}
 
 
 class ScorerScheduler(FreshPodsScheduler):
     """Same interface as `Scheduler`: `schedule(request, pods)` -> a pod, or NoEndpoints/ResourceExhausted."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        pool_name: str = "",
+    ) -> None:
+        super().__init__(config, rng, clock, pool_name=pool_name)
+        # Resolved once: the profile never changes while the scheduler lives.
+        self._scorers = weighted_scorers(config)
+        self._picker = PICKERS[config.scoring_profile.picker]
 
     def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
         config = self._config
@@ -135,7 +221,8 @@ class ScorerScheduler(FreshPodsScheduler):
             for p in fresh
         ):
             raise ResourceExhausted(DROP_MESSAGE)
-        totals = total_scores(request, fresh, config)
-        best = max(totals)
-        winners = [p for p, total in zip(fresh, totals, strict=True) if total >= best - 1e-9]
-        return winners[0] if len(winners) == 1 else self._rng.choice(winners)
+        if len(fresh) == 1:
+            return fresh[0]
+        if self._picker is pick_random:
+            return self._rng.choice(fresh)
+        return self._picker(fresh, _totals(request, fresh, config, self._scorers), self._rng)

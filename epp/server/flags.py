@@ -3,17 +3,28 @@
 This is the only place that reads argv and the environment (STYLE habit 9); everything becomes a
 frozen `ServerConfig`. Like Go's `flag` package, a flag may be written with one dash or two, and as
 `-name value` or `-name=value`; durations are Go duration strings (`50ms`, `5s`, `1m30s`).
-`--bindAddress` is ours (not upstream): tests and the harness bind to loopback only.
-`--debugPort`/`--debugBindAddress` are ours: the datastore debug view has its own listener, on
-127.0.0.1 unless asked otherwise (DESIGN.md §6). `--metricsBindAddress` (ours) puts /metrics alone on
-another address, e.g. loopback behind an authenticating proxy.
-`--maxRequestBodyBytes` is ours too (DESIGN.md §6: a request body has a size limit), and so are
-`--watchBookmarkInterval` (the watch liveness rule, DESIGN.md §6), `--shutdownDelay` and
-`--shutdownGracePeriod` (the drain on SIGTERM, DESIGN.md §4).
-`--extProcTransport` is ours: `h2` (our HTTP/2 server, `epp.h2`) or `grpcio` (grpc.aio, the fallback).
-`--eventLoop` is ours: `auto` (uvloop when installed), `uvloop` or `asyncio` (`epp.server.event_loop`).
-`--refreshPrometheusMetricsInterval` is accepted for compatibility but has nothing to drive: pool
-gauges are computed at scrape time (epp.metrics.pool).
+
+Names (README, "Running the EPP", has the table): upstream v1.5.0's kebab-case names are primary
+(`--pool-name`, `--grpc-port`, ...), upstream v0.3.0's camelCase names are aliases of them
+(`--poolName`, `--grpcPort`, ...), and our own flags follow the same pattern (`--bind-address`,
+alias `--bindAddress`). `--help` shows each flag once, its alias beside it.
+- Upstream v1.5.0 refuses its metric-name flags (`--kv-cache-usage-percentage-metric`, ...) and
+  so does this EPP, with the same advice (engineConfigs in an EndpointPickerConfig); v0.3.0's
+  `--totalQueuedRequestsMetric`, `--kvCacheUsagePercentageMetric` and `--loraInfoMetric` keep
+  working and set the default engine's names.
+- Upstream flags with nothing to drive here are accepted so its manifests start this EPP
+  (`NO_OP_FLAGS`: `--tracing`, `--enable-pprof`, `--health-checking`, `--metrics-endpoint-auth`,
+  `--enable-cert-reload`); when set to true, `Flags.notes` says
+  once what happens instead. `--refresh-prometheus-metrics-interval` is accepted too: pool gauges
+  are computed at scrape time (epp.metrics.pool).
+- `--config-file` / `--config-text`: an EndpointPickerConfig (epp.pickerconfig); its settings win
+  over flags and environment, and a file that cannot be used as written stops the start.
+- Ours: `--bind-address` (tests and the harness bind to loopback only), `--debug-port` /
+  `--debug-bind-address` (the datastore debug view on 127.0.0.1 unless asked otherwise, DESIGN.md
+  §6), `--metrics-bind-address` (/metrics alone on another address), `--max-request-body-bytes`
+  (DESIGN.md §6), `--watch-bookmark-interval` (the watch liveness rule), `--shutdown-delay` and
+  `--shutdown-grace-period` (the drain on SIGTERM, DESIGN.md §4), `--ext-proc-transport` (`h2` or
+  `grpcio`), `--event-loop` (`auto`, `uvloop`, `asyncio`), `--scheduler`, `--kubeconfig`.
 
 Logging: upstream's manifests pass controller-runtime's zap flags, so they are accepted and mapped
 to Python logging: `--zap-log-level` (debug, info, error, panic, or a number N meaning `-v N`)
@@ -45,6 +56,7 @@ from epp.config import (
     ServerConfig,
     WatchConfig,
 )
+from epp.pickerconfig import PickerConfigError, load_picker_config
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +85,24 @@ LOG_ENCODERS = ("console", "json")
 _ZAP_TIME_ENCODINGS = ("epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano")
 
 # Where each setting comes from, to name it in an error (see ConfigError.setting).
+# Where each setting comes from, to name it in an error (see ConfigError.setting): the variable, or
+# the flag with its v0.3 alias.
 _SOURCES = {
     "kv_cache_threshold": "KV_CACHE_THRESHOLD",
     "queue_threshold_critical": "QUEUE_THRESHOLD_CRITICAL",
     "queueing_threshold_lora": "QUEUING_THRESHOLD_LORA",
     "lora_affinity_threshold": "LORA_AFFINITY_THRESHOLD",
-    "metrics_staleness_threshold": "--metricsStalenessThreshold",
-    "refresh_interval": "--refreshMetricsInterval",
-    "refresh_prometheus_metrics_interval": "--refreshPrometheusMetricsInterval",
-    "max_request_body_bytes": "--maxRequestBodyBytes",
-    "watch_bookmark_interval": "--watchBookmarkInterval",
-    "shutdown_delay": "--shutdownDelay",
-    "shutdown_grace_period": "--shutdownGracePeriod",
+    "metrics_staleness_threshold": "--metrics-staleness-threshold (--metricsStalenessThreshold)",
+    "refresh_interval": "--refresh-metrics-interval (--refreshMetricsInterval)",
+    "refresh_prometheus_metrics_interval": "--refresh-prometheus-metrics-interval "
+    "(--refreshPrometheusMetricsInterval)",
+    "max_request_body_bytes": "--max-request-body-bytes (--maxRequestBodyBytes)",
+    "watch_bookmark_interval": "--watch-bookmark-interval (--watchBookmarkInterval)",
+    "shutdown_delay": "--shutdown-delay (--shutdownDelay)",
+    "shutdown_grace_period": "--shutdown-grace-period (--shutdownGracePeriod)",
+    "metrics_path": "--model-server-metrics-path",
+    "endpoint_target_ports": "--endpoint-target-ports",
+    "endpoint_selector": "--endpoint-selector",
 }
 
 
@@ -95,6 +113,9 @@ class Flags:
     # `--zap-log-level` (or `--zap-devel`), which wins over `-v`; None when not given.
     level_override: int | None = None
     log_encoder: str = "console"
+    # One line each, for the entry point to log once logging is set up: flags accepted that change
+    # nothing here, and the same for a config file's entries.
+    notes: tuple[str, ...] = ()
 
     @property
     def log_level(self) -> int:
@@ -183,6 +204,34 @@ def _port(text: str) -> int:
     return port
 
 
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def _label_selector(text: str) -> tuple[tuple[str, str], ...]:
+    """`key=value,key2=value2` (upstream's `--endpoint-selector`): equality only, no spaces."""
+    pairs: dict[str, str] = {}
+    for part in text.split(","):
+        key, eq, value = part.partition("=")
+        if not eq or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            raise ValueError(f"invalid selector {text!r}: expected key=value pairs separated by commas")
+        if key in pairs:
+            raise ValueError(f"invalid selector {text!r}: {key!r} given twice")
+        pairs[key] = value
+    return tuple(pairs.items())
+
+
+def _port_list(text: str) -> list[int]:
+    """`3000,3001` (pflag's int slice; the flag may also be repeated)."""
+    ports = []
+    for part in text.split(","):
+        port = int(part)
+        if not 1 <= port <= 65535:
+            raise ValueError(f"port out of range: {port}")
+        ports.append(port)
+    return ports
+
+
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
 
@@ -206,134 +255,312 @@ def _typed(convert: Callable[[str], T], what: str) -> Callable[[str], T]:
     return parse
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """`--grpc-port PORT, --grpcPort PORT`: the value's kind, not the flag's name, as metavar."""
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        kind = getattr(action.type, "__name__", "") if action.type is not None else ""
+        return kind.replace(" ", "_").upper() if kind and kind != "str" else "TEXT"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise FlagError(message)
 
 
+# Upstream v1.5.0 moved these into the config file and refuses them when set; the same advice here.
+REFUSED_METRIC_FLAGS = (
+    "--total-queued-requests-metric",
+    "--total-running-requests-metric",
+    "--kv-cache-usage-percentage-metric",
+    "--lora-info-metric",
+    "--cache-info-metric",
+)
+
+
+class _Refused(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        raise FlagError(
+            f"flag {option_string!r} is deprecated and cannot be used; configure metrics via engineConfigs "
+            "in EndpointPickerConfig instead (the v0.3 names --totalQueuedRequestsMetric, "
+            "--kvCacheUsagePercentageMetric and --loraInfoMetric still work)"
+        )
+
+
+# Upstream v1.5.0 flags accepted for its manifests, that change nothing here: what each does instead.
+# Said once at start (`Flags.notes`) when the flag is given as true.
+NO_OP_FLAGS = {
+    "tracing": "--tracing: tracing is not implemented; no spans are exported (OTEL_* variables are ignored)",
+    "enable_pprof": "--enable-pprof: pprof is Go's profiler; this EPP has none",
+    "health_checking": "--health-checking: gRPC health is always served on --grpc-health-port for any "
+    "service name; the ext_proc port serves no health service",
+    "metrics_endpoint_auth": "--metrics-endpoint-auth: not implemented; /metrics is served without "
+    "authentication (bind it to loopback with --metrics-bind-address behind an authenticating proxy)",
+    "enable_cert_reload": "--enable-cert-reload: not implemented; the certificate is read once at start",
+}
+
+
 def _parser() -> _Parser:
-    p = _Parser(prog="epp", description="Endpoint picker for LLM inference (ext_proc).", allow_abbrev=False)
+    p = _Parser(
+        prog="epp",
+        usage="epp (--pool-name NAME | --endpoint-selector KEY=VALUE --endpoint-target-ports PORTS) [flags]",
+        formatter_class=_HelpFormatter,
+        description="Endpoint picker for LLM inference (ext_proc). Flags as upstream v1.5.0 names them; "
+        "upstream v0.3.0's camelCase names are accepted as aliases (shown beside each).",
+        allow_abbrev=False,
+    )
     duration, port, go_bool = (
         _typed(_positive_duration, "duration"),
         _typed(_port, "port"),
         _typed(_go_bool, "bool"),
     )
-    p.add_argument("--poolName", required=True, help="Name of the InferencePool this EPP serves (required).")
-    p.add_argument("--poolNamespace", default=defaults.DEFAULT_POOL_NAMESPACE)
-    p.add_argument("--grpcPort", type=port, default=defaults.DEFAULT_GRPC_PORT, help="ext_proc port.")
-    p.add_argument("--grpcHealthPort", type=port, default=defaults.DEFAULT_GRPC_HEALTH_PORT)
-    p.add_argument("--metricsPort", type=port, default=defaults.DEFAULT_METRICS_PORT)
-    p.add_argument(
-        "--bindAddress",
-        default="0.0.0.0",
-        help="Address ext_proc, health and /metrics bind to (not upstream).",
-    )
-    p.add_argument(
-        "--debugPort", type=port, default=defaults.DEFAULT_DEBUG_PORT, help="/debug/datastore port."
-    )
-    p.add_argument(
-        "--metricsBindAddress",
+
+    up = p.add_argument_group("upstream v1.5.0 flags")
+
+    def flag_bool(*names: str, default: bool | None, help: str) -> None:
+        up.add_argument(
+            *names, type=go_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help
+        )
+
+    up.add_argument("--pool-name", "--poolName", default="", help="The InferencePool this EPP serves.")
+    up.add_argument(
+        "--pool-namespace",
+        "--poolNamespace",
         default="",
-        help="Address of /metrics alone; empty: --bindAddress (not upstream).",
+        help="The pool's namespace; empty: $NAMESPACE, else default.",
     )
-    p.add_argument(
-        "--debugBindAddress",
-        default=defaults.DEFAULT_DEBUG_BIND_ADDRESS,
-        help="Address of /debug/datastore; loopback unless you mean to expose it (not upstream).",
+    up.add_argument(
+        "--pool-group",
+        type=_typed(_choice(*defaults.POOL_GROUPS), "group"),
+        default=defaults.DEFAULT_POOL_GROUP,
+        help=f"API group of the pool: {defaults.V1_POOL_GROUP} (v1) or {defaults.V1ALPHA2_POOL_GROUP} "
+        "(v1alpha2, with InferenceModels).",
     )
-    p.add_argument(
-        "--refreshMetricsInterval", type=duration, default=defaults.DEFAULT_REFRESH_METRICS_INTERVAL
+    up.add_argument(
+        "--endpoint-selector",
+        type=_typed(_label_selector, "selector"),
+        default=(),
+        help="Standalone mode, instead of --pool-name: pods with these labels (key=value,key2=value2).",
     )
-    p.add_argument(
+    up.add_argument(
+        "--endpoint-target-ports",
+        type=_typed(_port_list, "ports"),
+        action="extend",
+        default=[],
+        help=f"With --endpoint-selector: 1 to {defaults.MAX_TARGET_PORTS} ports (3000,3001).",
+    )
+    flag_bool(
+        "--disable-endpoint-subset-filter",
+        default=False,
+        help="Ignore the proxy's x-gateway-destination-endpoint-subset hint.",
+    )
+    up.add_argument(
+        "--grpc-port", "--grpcPort", type=port, default=defaults.DEFAULT_GRPC_PORT, help="ext_proc port."
+    )
+    up.add_argument(
+        "--grpc-health-port",
+        "--grpcHealthPort",
+        type=port,
+        default=defaults.DEFAULT_GRPC_HEALTH_PORT,
+        help="gRPC health port (plaintext).",
+    )
+    up.add_argument(
+        "--metrics-port",
+        "--metricsPort",
+        type=port,
+        default=defaults.DEFAULT_METRICS_PORT,
+        help="/metrics port.",
+    )
+    flag_bool("--secure-serving", "--secureServing", default=True, help="TLS on the ext_proc port.")
+    up.add_argument(
+        "--cert-path",
+        "--certPath",
+        default="",
+        help="Directory with tls.crt and tls.key; empty: self-signed.",
+    )
+    up.add_argument(
+        "--refresh-metrics-interval",
+        "--refreshMetricsInterval",
+        type=duration,
+        default=defaults.DEFAULT_REFRESH_METRICS_INTERVAL,
+        help="How often each pod's /metrics is scraped (50ms).",
+    )
+    up.add_argument(
+        "--refresh-prometheus-metrics-interval",
         "--refreshPrometheusMetricsInterval",
         type=duration,
         default=defaults.DEFAULT_REFRESH_PROMETHEUS_METRICS_INTERVAL,
-        help="Accepted for compatibility; pool gauges are computed at scrape time.",
+        help="Accepted; pool gauges are computed at scrape time.",
     )
-    p.add_argument(
-        "--metricsStalenessThreshold", type=duration, default=defaults.DEFAULT_METRICS_STALENESS_THRESHOLD
+    up.add_argument(
+        "--metrics-staleness-threshold",
+        "--metricsStalenessThreshold",
+        type=duration,
+        default=defaults.DEFAULT_METRICS_STALENESS_THRESHOLD,
+        help="Metrics older than this do not count as fresh (2s).",
     )
-    p.add_argument("--secureServing", type=go_bool, nargs="?", const=True, default=True)
+    up.add_argument(
+        "--model-server-metrics-scheme",
+        type=_typed(_choice(*defaults.METRICS_SCHEMES), "scheme"),
+        default=None,
+        help="Scheme of the pods' metrics endpoint (http).",
+    )
+    up.add_argument("--model-server-metrics-path", default=None, help="Path of the pods' metrics (/metrics).")
+    up.add_argument(
+        "--model-server-metrics-port",
+        type=port,
+        default=None,
+        help="Port of the pods' metrics; 0: the target port (deprecated upstream).",
+    )
+    flag_bool(
+        "--model-server-metrics-https-insecure-skip-verify",
+        default=None,
+        help="With https: do not verify the pods' certificates (true).",
+    )
+    up.add_argument("--config-file", default="", help="An EndpointPickerConfig file (scheduling, engines).")
+    up.add_argument("--config-text", default="", help="The same as text, instead of --config-file.")
+    up.add_argument(
+        "--v", type=_typed(int, "int"), default=DEFAULT_VERBOSITY, help="Log verbosity, also -v (4: debug)."
+    )
+    # controller-runtime's zap flags, as upstream's manifests pass them (see the module docstring).
+    up.add_argument(
+        "--zap-log-level", type=_typed(_zap_level, "zap level"), default=None, help="debug, info, error or N."
+    )
+    up.add_argument("--zap-encoder", type=_typed(_choice(*LOG_ENCODERS), "encoder"), help="json or console.")
+    up.add_argument(
+        "--zap-devel", type=go_bool, nargs="?", const=True, default=False, metavar="BOOL", help="Debug level."
+    )
+    up.add_argument(
+        "--zap-stacktrace-level", type=_typed(_zap_level, "zap level"), help="Accepted, changes nothing."
+    )
+    up.add_argument(
+        "--zap-time-encoding",
+        type=_typed(_choice(*_ZAP_TIME_ENCODINGS), "encoding"),
+        help="Accepted, changes nothing.",
+    )
+    for name in ("--tracing", "--enable-pprof", "--health-checking", "--metrics-endpoint-auth"):
+        flag_bool(name, default=None, help="Accepted, changes nothing here (README).")
+    flag_bool("--enable-cert-reload", default=None, help="Accepted; the certificate is read at start.")
     # Upstream's HA mode (epp.k8s.leader): only the Lease holder reports SERVING. Identity: $POD_NAME.
-    p.add_argument(
-        "--ha-enable-leader-election", dest="ha_enable_leader_election", type=go_bool, nargs="?", const=True,
-        default=False,
-    )  # fmt: skip
-    p.add_argument("--certPath", default="", help="Directory with tls.crt and tls.key; empty: self-signed.")
-    p.add_argument("--destinationEndpointHintKey", default=defaults.DEFAULT_DESTINATION_ENDPOINT_HINT_KEY)
-    p.add_argument(
+    flag_bool(
+        "--ha-enable-leader-election",
+        default=None,
+        help="Only the holder of a coordination.k8s.io Lease is SERVING (default: active-active).",
+    )
+    for name in REFUSED_METRIC_FLAGS:
+        up.add_argument(name, action=_Refused, nargs="?", help=argparse.SUPPRESS)
+
+    v03 = p.add_argument_group("upstream v0.3.0 flags (upstream v1 has none of these)")
+    v03.add_argument(
+        "--totalQueuedRequestsMetric",
+        default=None,
+        help="The default engine's queue metric (name or name{k=v}; empty: off).",
+    )
+    v03.add_argument(
+        "--kvCacheUsagePercentageMetric", default=None, help="The default engine's KV-cache metric."
+    )
+    v03.add_argument("--loraInfoMetric", default=None, help="The default engine's LoRA metric.")
+    v03.add_argument(
+        "--destination-endpoint-hint-key",
+        "--destinationEndpointHintKey",
+        default=defaults.DEFAULT_DESTINATION_ENDPOINT_HINT_KEY,
+        help="Header and metadata key of the destination.",
+    )
+    v03.add_argument(
+        "--destination-endpoint-hint-metadata-namespace",
         "--DestinationEndpointHintMetadataNamespace",
         default=defaults.DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE,
+        help="Dynamic metadata namespace of the destination.",
     )
-    p.add_argument(
-        "--scheduler",
-        choices=defaults.SCHEDULERS,
-        default=defaults.DEFAULT_SCHEDULER,
-        help="Not upstream: the v0.3.0 filter tree, or weighted scorers (queue, KV, LoRA affinity, "
-        "prefix, the EPP's own in-flight count; weights from QUEUE_SCORE_WEIGHT, KV_CACHE_SCORE_WEIGHT, "
-        "LORA_AFFINITY_SCORE_WEIGHT, PREFIX_CACHE_SCORE_WEIGHT, IN_FLIGHT_SCORE_WEIGHT).",
-    )
-    p.add_argument("--totalQueuedRequestsMetric", default=defaults.DEFAULT_QUEUED_REQUESTS_METRIC)
-    p.add_argument("--kvCacheUsagePercentageMetric", default=defaults.DEFAULT_KV_CACHE_USAGE_METRIC)
-    p.add_argument("--loraInfoMetric", default=defaults.DEFAULT_LORA_INFO_METRIC)
-    p.add_argument(
-        "--v", type=_typed(int, "int"), default=DEFAULT_VERBOSITY, help="Log verbosity (4: debug)."
-    )
-    p.add_argument(
+
+    ours = p.add_argument_group("this EPP's own flags")
+    ours.add_argument(
         "--kubeconfig", default="", help="Kubeconfig path; empty: $KUBECONFIG, in-cluster, ~/.kube."
     )
-    p.add_argument(
+    ours.add_argument(
+        "--bind-address",
+        "--bindAddress",
+        default="0.0.0.0",
+        help="Address ext_proc, health and /metrics bind to.",
+    )
+    ours.add_argument(
+        "--metrics-bind-address",
+        "--metricsBindAddress",
+        default="",
+        help="Address of /metrics alone; empty: --bind-address.",
+    )
+    ours.add_argument(
+        "--debug-port",
+        "--debugPort",
+        type=port,
+        default=defaults.DEFAULT_DEBUG_PORT,
+        help="/debug/datastore port.",
+    )
+    ours.add_argument(
+        "--debug-bind-address",
+        "--debugBindAddress",
+        default=defaults.DEFAULT_DEBUG_BIND_ADDRESS,
+        help="Address of /debug/datastore; loopback unless you mean to expose it.",
+    )
+    ours.add_argument(
+        "--scheduler",
+        choices=defaults.SCHEDULERS,
+        default=None,
+        help="The v0.3.0 filter tree, or weighted scorers (queue, KV, LoRA affinity, prefix, the EPP's own "
+        "in-flight count; weights from QUEUE_SCORE_WEIGHT, KV_CACHE_SCORE_WEIGHT, "
+        "LORA_AFFINITY_SCORE_WEIGHT, "
+        "PREFIX_CACHE_SCORE_WEIGHT, IN_FLIGHT_SCORE_WEIGHT); default scorer. A config file's profile "
+        "replaces it.",
+    )
+    ours.add_argument(
+        "--max-request-body-bytes",
         "--maxRequestBodyBytes",
         type=_typed(parse_byte_size, "size"),
         default=defaults.DEFAULT_MAX_REQUEST_BODY_BYTES,
-        help="Largest request body accepted (413 above it); bytes or 512Ki/16Mi/1Gi (not upstream).",
+        help="Largest request body accepted (413 above it); bytes or 512Ki/16Mi/1Gi.",
     )
     wait = _typed(_non_negative_duration, "duration")
-    p.add_argument(
+    ours.add_argument(
+        "--watch-bookmark-interval",
         "--watchBookmarkInterval",
         type=duration,
         default=defaults.DEFAULT_WATCH_BOOKMARK_INTERVAL,
         help="Each watch of the API ends after this long (+0..25%%) and one that reads nothing for "
-        "twice this long is replaced as dead (not upstream).",
+        "twice this long is replaced as dead.",
     )
-    p.add_argument(
+    ours.add_argument(
+        "--shutdown-delay",
         "--shutdownDelay",
         type=wait,
         default=defaults.DEFAULT_SHUTDOWN_DELAY,
-        help="On SIGTERM, health says NOT_SERVING and ext_proc keeps serving this long, so load "
-        "balancers stop sending streams (not upstream).",
+        help="On SIGTERM, health says NOT_SERVING and ext_proc keeps serving this long.",
     )
-    p.add_argument(
+    ours.add_argument(
+        "--shutdown-grace-period",
         "--shutdownGracePeriod",
         type=wait,
         default=defaults.DEFAULT_SHUTDOWN_GRACE_PERIOD,
-        help="Then new streams are refused and those in flight get this long to finish (not upstream).",
+        help="Then new streams are refused and those in flight get this long to finish.",
     )
-    p.add_argument(
+    ours.add_argument(
+        "--ext-proc-transport",
         "--extProcTransport",
         choices=defaults.EXT_PROC_TRANSPORTS,
         default=defaults.DEFAULT_EXT_PROC_TRANSPORT,
-        help="How the ext_proc port serves gRPC: h2 (ours, on asyncio) or grpcio (grpc.aio); not upstream.",
+        help="How the ext_proc port serves gRPC: h2 (ours, on asyncio) or grpcio (grpc.aio).",
     )
-    p.add_argument(
+    ours.add_argument(
+        "--event-loop",
         "--eventLoop",
         choices=defaults.EVENT_LOOPS,
         default=defaults.AUTO_EVENT_LOOP,
-        help="The event loop: auto (uvloop if installed, else asyncio's), uvloop or asyncio; not upstream.",
-    )
-    # controller-runtime's zap flags, as upstream's manifests pass them (see the module docstring).
-    p.add_argument(
-        "--zap-log-level", dest="zap_log_level", type=_typed(_zap_level, "zap level"), default=None
-    )
-    p.add_argument("--zap-encoder", dest="zap_encoder", type=_typed(_choice(*LOG_ENCODERS), "encoder"))
-    p.add_argument("--zap-devel", dest="zap_devel", type=go_bool, nargs="?", const=True, default=False)
-    p.add_argument(
-        "--zap-stacktrace-level", dest="zap_stacktrace_level", type=_typed(_zap_level, "zap level")
-    )
-    p.add_argument(
-        "--zap-time-encoding",
-        dest="zap_time_encoding",
-        type=_typed(_choice(*_ZAP_TIME_ENCODINGS), "encoding"),
+        help="The event loop: auto (uvloop if installed, else asyncio's), uvloop or asyncio.",
     )
     return p
 
@@ -409,30 +636,53 @@ def scheduler_config(
 
 
 def parse_flags(argv: Sequence[str], environ: Mapping[str, str]) -> Flags:
-    """argv (without the program name) and the environment → settings; raises FlagError."""
+    """argv (without the program name) and the environment → settings; raises FlagError.
+
+    The only I/O: reading `--config-file`."""
     ns = _parser().parse_args(go_style(argv))
-    if not ns.poolName:
-        raise FlagError("--poolName must not be empty")
-    if ns.refreshMetricsInterval > ns.metricsStalenessThreshold:
+    if bool(ns.pool_name) == bool(ns.endpoint_selector):
         raise FlagError(
-            f"--refreshMetricsInterval ({ns.refreshMetricsInterval}s) must not be longer than "
-            f"--metricsStalenessThreshold ({ns.metricsStalenessThreshold}s): every pod would look stale"
+            "either --pool-name (--poolName) or --endpoint-selector must be set, not both"
+            if ns.pool_name
+            else "either --pool-name (--poolName) or --endpoint-selector must be set"
         )
+    if ns.config_file and ns.config_text:
+        raise FlagError("--config-file and --config-text cannot both be set")
+    if ns.refresh_metrics_interval > ns.metrics_staleness_threshold:
+        raise FlagError(
+            "--refresh-metrics-interval (--refreshMetricsInterval, "
+            f"{ns.refresh_metrics_interval:g}s) must not be longer than --metrics-staleness-threshold "
+            "(--metricsStalenessThreshold, "
+            f"{ns.metrics_staleness_threshold:g}s): every pod would look stale"
+        )
+    notes = [text for dest, text in NO_OP_FLAGS.items() if getattr(ns, dest)]
     try:
-        config = _server_config(ns, environ)
+        config = _server_config(ns, environ, notes)
     except ConfigError as exc:
         source = _SOURCES.get(exc.setting, exc.setting)
         raise FlagError(f"{source}={exc.value!r}: {exc.rule}") from exc
     level = ns.zap_log_level
     if level is None and ns.zap_devel:
         level = logging.DEBUG  # controller-runtime's development mode logs at debug
-    return Flags(config=config, verbosity=ns.v, level_override=level, log_encoder=ns.zap_encoder or "console")
+    return Flags(
+        config=config,
+        verbosity=ns.v,
+        level_override=level,
+        log_encoder=ns.zap_encoder or "console",
+        notes=tuple(notes),
+    )
 
 
-def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
-    kv_metric = ns.kvCacheUsagePercentageMetric
-    names = MetricNames(
-        queued_requests=ns.totalQueuedRequestsMetric,
+def _metric_names(ns: argparse.Namespace) -> MetricNames:
+    """The default engine's names, with the v0.3 metric flags applied."""
+    base = MetricNames()
+    kv_metric = (
+        base.kv_cache_usage if ns.kvCacheUsagePercentageMetric is None else ns.kvCacheUsagePercentageMetric
+    )
+    return MetricNames(
+        queued_requests=base.queued_requests
+        if ns.totalQueuedRequestsMetric is None
+        else ns.totalQueuedRequestsMetric,
         kv_cache_usage=kv_metric,
         # The vLLM fallback only makes sense for the vLLM default; a custom name stands alone.
         kv_cache_usage_fallback=(
@@ -440,33 +690,91 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
             if kv_metric == defaults.DEFAULT_KV_CACHE_USAGE_METRIC
             else ""
         ),
-        lora_info=ns.loraInfoMetric,
+        lora_info=base.lora_info if ns.loraInfoMetric is None else ns.loraInfoMetric,
     )
+
+
+def _prober_config(ns: argparse.Namespace) -> ProberConfig:
+    base = ProberConfig()
+    return ProberConfig(
+        refresh_interval=ns.refresh_metrics_interval,
+        metric_names=_metric_names(ns),
+        scheme=base.scheme if ns.model_server_metrics_scheme is None else ns.model_server_metrics_scheme,
+        path=base.path if ns.model_server_metrics_path is None else ns.model_server_metrics_path,
+        port=base.port if ns.model_server_metrics_port is None else ns.model_server_metrics_port,
+        insecure_skip_verify=(
+            base.insecure_skip_verify
+            if ns.model_server_metrics_https_insecure_skip_verify is None
+            else ns.model_server_metrics_https_insecure_skip_verify
+        ),
+    )
+
+
+def _picker_config(
+    ns: argparse.Namespace, scheduler: SchedulerConfig, prober: ProberConfig, notes: list[str]
+) -> tuple[SchedulerConfig, ProberConfig]:
+    """Apply `--config-file` / `--config-text`, if any: the file's settings win over flags and env."""
+    if ns.config_file:
+        source = f"--config-file {ns.config_file}"
+        try:
+            with open(ns.config_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise FlagError(f"{source}: cannot read it: {exc.strerror or exc}") from exc
+    elif ns.config_text:
+        source, text = "--config-text", ns.config_text
+    else:
+        return scheduler, prober
+    try:
+        loaded = load_picker_config(text, scheduler=scheduler, prober=prober)
+    except PickerConfigError as exc:
+        raise FlagError(f"{source}: {exc}") from exc
+    if loaded.scheduling and ns.scheduler is not None:
+        raise FlagError(f"--scheduler and {source}'s scheduling profile cannot both choose the scheduler")
+    notes.extend(f"{source}: {note}" for note in loaded.notes)
+    return loaded.scheduler, loaded.prober
+
+
+def _server_config(ns: argparse.Namespace, environ: Mapping[str, str], notes: list[str]) -> ServerConfig:
+    kind = defaults.DEFAULT_SCHEDULER if ns.scheduler is None else ns.scheduler
+    scheduler, prober = _picker_config(
+        ns, scheduler_config(environ, ns.metrics_staleness_threshold, kind), _prober_config(ns), notes
+    )
+    ports: list[int] = []
+    for port in ns.endpoint_target_ports:  # duplicates dropped, as upstream
+        if port not in ports:
+            ports.append(port)
+    namespace = ns.pool_namespace or environ.get("NAMESPACE", "") or defaults.DEFAULT_POOL_NAMESPACE
     return ServerConfig(
-        pool_name=ns.poolName,
-        pool_namespace=ns.poolNamespace,
-        grpc_port=ns.grpcPort,
-        grpc_health_port=ns.grpcHealthPort,
-        metrics_port=ns.metricsPort,
-        bind_address=ns.bindAddress,
-        metrics_bind_address=ns.metricsBindAddress,
-        debug_port=ns.debugPort,
-        debug_bind_address=ns.debugBindAddress,
-        secure_serving=ns.secureServing,
-        cert_path=ns.certPath,
-        destination_endpoint_hint_key=ns.destinationEndpointHintKey,
-        destination_endpoint_hint_metadata_namespace=ns.DestinationEndpointHintMetadataNamespace,
-        refresh_prometheus_metrics_interval=ns.refreshPrometheusMetricsInterval,
+        pool_name=ns.pool_name,
+        pool_namespace=namespace,
+        pool_group=ns.pool_group,
+        endpoint_selector=ns.endpoint_selector,
+        endpoint_target_ports=tuple(ports),
+        disable_endpoint_subset_filter=ns.disable_endpoint_subset_filter,
+        grpc_port=ns.grpc_port,
+        grpc_health_port=ns.grpc_health_port,
+        metrics_port=ns.metrics_port,
+        bind_address=ns.bind_address,
+        metrics_bind_address=ns.metrics_bind_address,
+        debug_port=ns.debug_port,
+        debug_bind_address=ns.debug_bind_address,
+        secure_serving=ns.secure_serving,
+        cert_path=ns.cert_path,
+        enable_cert_reload=bool(ns.enable_cert_reload),
+        destination_endpoint_hint_key=ns.destination_endpoint_hint_key,
+        destination_endpoint_hint_metadata_namespace=ns.destination_endpoint_hint_metadata_namespace,
+        refresh_prometheus_metrics_interval=ns.refresh_prometheus_metrics_interval,
         kubeconfig=ns.kubeconfig,
-        max_request_body_bytes=ns.maxRequestBodyBytes,
-        ext_proc_transport=ns.extProcTransport,
-        event_loop=ns.eventLoop,
-        scheduler=scheduler_config(environ, ns.metricsStalenessThreshold, ns.scheduler),
-        prober=ProberConfig(refresh_interval=ns.refreshMetricsInterval, metric_names=names),
-        watch=WatchConfig(bookmark_interval=ns.watchBookmarkInterval),
-        shutdown_delay=ns.shutdownDelay,
-        shutdown_grace_period=ns.shutdownGracePeriod,
+        max_request_body_bytes=ns.max_request_body_bytes,
+        ext_proc_transport=ns.ext_proc_transport,
+        event_loop=ns.event_loop,
+        scheduler=scheduler,
+        prober=prober,
+        watch=WatchConfig(bookmark_interval=ns.watch_bookmark_interval),
+        shutdown_delay=ns.shutdown_delay,
+        shutdown_grace_period=ns.shutdown_grace_period,
         leader_election=LeaderElectionConfig(
-            enabled=ns.ha_enable_leader_election, identity=environ.get("POD_NAME", "")
+            enabled=bool(ns.ha_enable_leader_election), identity=environ.get("POD_NAME", "")
         ),
     )

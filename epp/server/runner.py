@@ -27,6 +27,7 @@ replicas under 32 requests in flight (benchmarks/bench_epp_faults.py): no reques
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import random
 import socket
@@ -47,10 +48,11 @@ from epp.datastore import Datastore, new_datastore
 from epp.h2 import GrpcServer, Limits
 from epp.handlers import ExtProcServicer
 from epp.handlers.accounting import Accounting
+from epp.handlers.stream import PodScheduler
 from epp.k8s import Controllers, KubeClient
 from epp.k8s.controllers import WatchProgress
 from epp.k8s.leader import LeaderElector, LeaseSettings
-from epp.metrics import PoolCollector, RequestMetrics
+from epp.metrics import PoolCollector, RequestMetrics, TimedScheduler
 from epp.scheduling import new_scheduler
 from epp.server.health import HealthServicer
 from epp.server.http import bind_socket, debug_app, metrics_app
@@ -90,6 +92,15 @@ class ControllersLike(Protocol):
 
 
 ControllersFactory = Callable[[Datastore], ControllersLike]
+
+
+def build_info() -> tuple[str, str]:
+    """(commit, build_ref) for `inference_extension_info`: no commit is recorded in the package,
+    the build ref is its version."""
+    try:
+        return "", importlib.metadata.version("inference-epp")
+    except importlib.metadata.PackageNotFoundError:
+        return "", ""
 
 
 def host_port(host: str, port: int) -> str:
@@ -348,10 +359,19 @@ class Epp:
         if fetcher is None:
             session = new_scrape_session()
             sup.on_stop("scrape-session", session.close)
-            fetcher = MetricsFetcher(session, timeout=config.prober.scrape_timeout)
+            prober = config.prober
+            fetcher = MetricsFetcher(
+                session,
+                timeout=prober.scrape_timeout,
+                scheme=prober.scheme,
+                path=prober.path,
+                insecure_skip_verify=prober.insecure_skip_verify,
+            )
         refreshers = PodRefreshers(fetcher, config.prober, loop, self._clock)
         sup.on_stop("metrics-refreshers", refreshers.aclose)
-        store = self._datastore = new_datastore(refreshers)
+        store = self._datastore = new_datastore(
+            refreshers, prefix_capacity_per_pod=config.scheduler.prefix_capacity_per_pod
+        )
         scheduling = config.scheduler
         accounting = Accounting(
             store,
@@ -360,12 +380,17 @@ class Epp:
             max_blocks=scheduling.prefix_max_blocks,
         )
 
-        request_metrics = RequestMetrics(self._registry)
-        collectors = (*request_metrics.collectors(), PoolCollector(store))
+        # Metric names follow the API generation: upstream v1.5's for v1, v0.3's for v1alpha2.
+        request_metrics = RequestMetrics(self._registry, api_v1=config.api_v1, build=build_info())
+        collectors = (*request_metrics.collectors(), PoolCollector(store, api_v1=config.api_v1))
         self._registry.register(collectors[-1])
         sup.on_stop("metrics-registry", lambda: self._unregister(collectors))
 
-        scheduler = new_scheduler(config.scheduler, self._rng, self._clock, pool_name=config.pool_name)
+        scheduler: PodScheduler = new_scheduler(
+            config.scheduler, self._rng, self._clock, pool_name=config.pool_name
+        )
+        if config.api_v1:
+            scheduler = TimedScheduler(scheduler, request_metrics)
         servicer = ExtProcServicer(
             store,
             scheduler,

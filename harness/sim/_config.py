@@ -83,6 +83,33 @@ def metric_names(vllm_version: str) -> MetricNameSet:
     return NEW_NAMES if parse_version(vllm_version) >= KV_RENAME_VERSION else OLD_NAMES
 
 
+# The model-server engine the simulator poses as (the EPP picks metric names per pod by the label
+# `inference.networking.k8s.io/engine-type`, upstream v1.5; reference/upstream-v1.md §d): vLLM's
+# whole page, or another engine's queue, running and KV gauges (with the KV geometry it publishes)
+# and none of vLLM's state gauges, LoRA info or prefix-cache counters.
+VLLM_ENGINE = "vllm"
+SGLANG_ENGINE = "sglang"
+TRTLLM_SERVE_ENGINE = "trtllm-serve"
+SIM_ENGINES = (VLLM_ENGINE, SGLANG_ENGINE, TRTLLM_SERVE_ENGINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineGaugeNames:
+    """An engine's names for the three gauges an EPP schedules on."""
+
+    waiting: str
+    running: str
+    kv_cache_usage: str
+
+
+ENGINE_GAUGE_NAMES = {
+    SGLANG_ENGINE: EngineGaugeNames("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage"),
+    TRTLLM_SERVE_ENGINE: EngineGaugeNames(
+        "trtllm_num_requests_waiting", "trtllm_num_requests_running", "trtllm_kv_cache_utilization"
+    ),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class SimConfig:
     """How one simulated vLLM instance behaves.
@@ -109,6 +136,7 @@ class SimConfig:
     context_token_s: float = DEFAULT_CONTEXT_TOKEN_S
     lora_load_s: float = DEFAULT_LORA_LOAD_S
     vllm_version: str = DEFAULT_VLLM_VERSION
+    engine: str = VLLM_ENGINE
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -130,6 +158,8 @@ class SimConfig:
         if self.model in self.lora_adapters:
             raise ValueError(f"LoRA adapter name {self.model!r} is the base model name")
         parse_version(self.vllm_version)
+        if self.engine not in SIM_ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(SIM_ENGINES)}, got {self.engine!r}")
 
     @property
     def metric_names(self) -> MetricNameSet:

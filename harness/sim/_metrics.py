@@ -6,6 +6,9 @@ the gauges; histograms and the request counters are observed as requests finish.
 the prefix-cache counters carry the names of the configured ``vllm_version``, never both sets. The
 families, labels and bucket sets follow vLLM's V1 Prometheus logger, and the page carries the
 process/platform/GC collectors a real vLLM process exposes, so it is tens of KB as in production.
+With ``engine`` sglang or trtllm-serve the scrape-time gauges carry that engine's names instead (and
+its KV geometry), with no vLLM state gauge, LoRA info or prefix-cache counter beside them; the
+request histograms keep vLLM's names (no EPP reads them).
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from harness.sim._config import DEFAULT_BUCKET_MODEL_LEN, SimConfig
+from harness.sim._config import (
+    DEFAULT_BUCKET_MODEL_LEN,
+    ENGINE_GAUGE_NAMES,
+    SGLANG_ENGINE,
+    EngineGaugeNames,
+    SimConfig,
+)
 from harness.sim._engine import Engine, EngineState, Timings
 
 ENGINE_LABEL = "0"
@@ -102,6 +111,11 @@ class _StateCollector(Collector):
             family.add_metric(values, value)
             return family
 
+        other = ENGINE_GAUGE_NAMES.get(cfg.engine)
+        if other is not None:
+            yield from self._other_engine(other, gauge, state, ov)
+            return
+
         yield gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
@@ -143,6 +157,32 @@ class _StateCollector(Collector):
         )
         info.add_metric(list(self._m.cache_config_labels.values()), 1.0)
         yield info
+
+    def _other_engine(
+        self,
+        names: EngineGaugeNames,
+        gauge: Callable[[str, str, float], GaugeMetricFamily],
+        state: EngineState,
+        ov: GaugeOverrides,
+    ) -> Iterable[GaugeMetricFamily]:
+        """An SGLang or trtllm-serve page: the same engine state under that engine's names."""
+        cfg = self._m.config
+        yield gauge(
+            names.waiting, "Number of requests waiting in the queue.", _pick(ov.waiting, state.waiting)
+        )
+        yield gauge(names.running, "Number of running requests.", _pick(ov.running, state.running))
+        yield gauge(
+            names.kv_cache_usage, "KV-cache usage (0 to 1).", _pick(ov.kv_cache, state.kv_cache_usage)
+        )
+        if cfg.engine == SGLANG_ENGINE:
+            info = GaugeMetricFamily(
+                "sglang:cache_config_info", "KV cache configuration.", labels=["page_size", "num_pages"]
+            )
+            info.add_metric([str(cfg.block_size), str(cfg.num_gpu_blocks)], 1.0)
+            yield info
+        else:
+            yield gauge("trtllm_kv_cache_tokens_per_block", "Tokens per KV-cache block.", cfg.block_size)
+            yield gauge("trtllm_kv_cache_max_blocks", "KV-cache blocks.", cfg.num_gpu_blocks)
 
     def _lora_info(self, state: EngineState, ov: GaugeOverrides) -> GaugeMetricFamily:
         cfg = self._m.config

@@ -22,6 +22,7 @@ from epp.api.types import NamespacedName
 from epp.config import (
     DEFAULT_SCHEDULER,
     DEFAULT_WATCH_BOOKMARK_INTERVAL,
+    V1ALPHA2_POOL_GROUP,
     ProberConfig,
     ServerConfig,
     WatchConfig,
@@ -46,6 +47,8 @@ class EppSettings:
     scheduler: str = DEFAULT_SCHEDULER  # "filter-tree" or "scorer" (the EPP's --scheduler)
     # The EPP's --watchBookmarkInterval: fault tests shorten it to see dead watches replaced in seconds.
     watch_bookmark_interval: float = DEFAULT_WATCH_BOOKMARK_INTERVAL
+    # The EPP's --pool-group: the generation of the CRDs the harness installs (v1alpha2 today).
+    pool_group: str = V1ALPHA2_POOL_GROUP
 
 
 class EppInProcess:
@@ -113,6 +116,7 @@ class EppInProcess:
         base = ServerConfig(
             pool_name=s.pool_name,
             pool_namespace=s.pool_namespace,
+            pool_group=s.pool_group,
             grpc_port=0,
             grpc_health_port=0,
             metrics_port=0,

@@ -92,6 +92,9 @@ class EppProcess(EppProcessIdentity):
     pool_namespace: str
     kubeconfig: Path
     extra_args: list[str] = field(default_factory=list)
+    # --pool-group: the generation of the CRDs the harness installs (v1alpha2, upstream v0.3.0's, today);
+    # it also picks the EPP's metric names (v0.3.0's inference_model_* for v1alpha2).
+    pool_group: str = "inference.networking.x-k8s.io"
     # Added to the inherited environment: the scheduler's thresholds are env vars, as upstream.
     extra_env: Mapping[str, str] = field(default_factory=dict)
     verbosity: int = 2
@@ -112,6 +115,7 @@ class EppProcess(EppProcessIdentity):
             "epp",
             f"--poolName={self.pool_name}",
             f"--poolNamespace={self.pool_namespace}",
+            f"--pool-group={self.pool_group}",
             f"--kubeconfig={self.kubeconfig}",
             f"--bindAddress={LOOPBACK}",
             f"--grpcPort={self.grpc_port}",

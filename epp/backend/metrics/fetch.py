@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import aiohttp
 
-from epp.config import DEFAULT_SCRAPE_TIMEOUT
+from epp.config import DEFAULT_METRICS_PATH, DEFAULT_METRICS_SCHEME, DEFAULT_SCRAPE_TIMEOUT
 
-METRICS_PATH = "/metrics"
+METRICS_PATH = DEFAULT_METRICS_PATH
 # Idle keep-alive connections are dropped after this long; well above the 50 ms scrape period.
 KEEPALIVE_TIMEOUT = 30.0
 
@@ -38,15 +38,31 @@ def new_scrape_session() -> aiohttp.ClientSession:
 
 
 class MetricsFetcher:
-    def __init__(self, session: aiohttp.ClientSession, timeout: float = DEFAULT_SCRAPE_TIMEOUT) -> None:
+    """GET `scheme://address:port/path` (`--model-server-metrics-*` or the config file's
+    `metrics-data-source`); with https, `insecure_skip_verify` (upstream's default) skips
+    certificate checks, as model servers mostly serve self-signed ones."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        timeout: float = DEFAULT_SCRAPE_TIMEOUT,
+        *,
+        scheme: str = DEFAULT_METRICS_SCHEME,
+        path: str = METRICS_PATH,
+        insecure_skip_verify: bool = True,
+    ) -> None:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._scheme = scheme
+        self._path = path
+        # aiohttp: False skips verification, True verifies with the default context.
+        self._ssl = not (scheme == "https" and insecure_skip_verify)
 
     async def fetch(self, address: str, port: int) -> str:
-        """The page text of `http://address:port/metrics`; raises ScrapeError on any failure."""
-        url = metrics_url(address, port)
+        """The page text of `scheme://address:port/path`; raises ScrapeError on any failure."""
+        url = metrics_url(address, port, scheme=self._scheme, path=self._path)
         try:
-            async with self._session.get(url, timeout=self._timeout) as resp:
+            async with self._session.get(url, timeout=self._timeout, ssl=self._ssl) as resp:
                 if resp.status != 200:
                     raise ScrapeError(f"GET {url}: HTTP {resp.status}")
                 body = await resp.read()
@@ -57,7 +73,9 @@ class MetricsFetcher:
         return body.decode("utf-8", errors="replace")
 
 
-def metrics_url(address: str, port: int) -> str:
+def metrics_url(
+    address: str, port: int, *, scheme: str = DEFAULT_METRICS_SCHEME, path: str = METRICS_PATH
+) -> str:
     """IPv6 pod IPs need brackets in a URL."""
     host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}{METRICS_PATH}"
+    return f"{scheme}://{host}:{port}{path}"

@@ -12,7 +12,8 @@ lands after the endpoint was deleted never brings it back, and one of an address
 longer has is dropped. An address or port change restarts the loop (`pod_moved`): the scrape in
 flight to the old one,
 which may hang until its timeout, is cancelled and the new address is scraped at once. Scrape, then
-sleep: the first scrape is immediate, as in v0.2/v0.3.
+sleep: the first scrape is immediate, as in v0.2/v0.3. Which metric names are read depends on the
+pod's engine (`engine_of`: vllm, sglang, trtllm-serve, triton-tensorrt-llm, or a config file's own).
 
 `PodRefreshers` owns every task it starts (STYLE habit 6): `pod_removed` cancels one (twice is
 harmless), `pod_moved` replaces one, `aclose()` cancels and awaits all of them; nothing else creates
@@ -32,8 +33,16 @@ from epp.backend.metrics.fetch import ScrapeError
 from epp.backend.metrics.parse import compile_metric_names, parse_page
 from epp.config import ProberConfig
 from epp.datastore import Datastore
+from epp.datastore.types import Pod
 
 logger = logging.getLogger(__name__)
+
+
+def engine_of(pod: Pod, label_key: str) -> str:
+    """The pod's model-server engine: the value of its ``label_key`` label
+    (`ProberConfig.engine_label_key`, `inference.networking.k8s.io/engine-type` by default), ""
+    when unlabelled."""
+    return pod.label(label_key)
 
 
 class Fetcher(Protocol):
@@ -54,8 +63,13 @@ class PodRefreshers:
     ) -> None:
         self._fetcher = fetcher
         self._interval = config.refresh_interval
-        # Parsed once here, so a bad metric flag fails at construction, not in every scrape.
-        self._plan = compile_metric_names(config.metric_names)
+        # Parsed once here, so a bad metric flag fails at construction, not in every scrape. One
+        # plan per engine; a pod whose engine has none (or no engine) gets the default engine's.
+        self._plans = {engine: compile_metric_names(names) for engine, names in config.engine_names().items()}
+        self._default_plan = self._plans[config.default_engine]
+        # 0: the pool's target port (upstream's deprecated --model-server-metrics-port otherwise).
+        self._port = config.port
+        self._engine_label = config.engine_label_key
         self._loop = loop
         self._clock = clock
         # Touched only on the loop thread (calls from other threads are forwarded to it).
@@ -163,8 +177,10 @@ class PodRefreshers:
         if pod is None:
             return
         address, port = pod.pod.address, pod.pod.port
-        text = await self._fetcher.fetch(address, port)
-        result = parse_page(text, self._plan, pod.metrics, self._clock())
+        # The endpoint's own port, unless a metrics port is configured (upstream's deprecated flag).
+        text = await self._fetcher.fetch(address, self._port or port)
+        plan = self._plans.get(engine_of(pod.pod, self._engine_label), self._default_plan)
+        result = parse_page(text, plan, pod.metrics, self._clock())
         if result.errors:
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("metrics of %s: %s", key, "; ".join(result.errors))

@@ -517,3 +517,14 @@ def test_reads_are_immutable_snapshots(store: Datastore) -> None:
     assert len(snapshot) == 1
     assert isinstance(store.rewrite_get_all(), tuple)
     assert isinstance(store.objective_get_all(), tuple)
+
+
+def test_endpoints_carry_the_pod_labels_the_prober_picks_the_engine_by(store: Datastore) -> None:
+    labelled = dataclasses.replace(
+        pod("p1", "10.0.0.1"), labels={"app": "vllm", "inference.networking.k8s.io/engine-type": "sglang"}
+    )
+    store.pod_update_or_add(labelled)
+    stored = store.pod_get(key("p1"))
+    assert stored is not None
+    assert stored.pod.label("inference.networking.k8s.io/engine-type") == "sglang"
+    assert stored.pod.label("absent") == ""

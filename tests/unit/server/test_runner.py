@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import threading
 from pathlib import Path
@@ -16,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.api import v1alpha2
+from epp.config import V1_POOL_GROUP, V1ALPHA2_POOL_GROUP
 from epp.datastore import Datastore, Metrics
 from epp.server.runner import READY_POLL_INTERVAL, Epp
 from epp.server.supervisor import TaskFailed
@@ -270,9 +272,34 @@ def _as_before(view: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
-def test_metrics_endpoint_serves_the_injected_registry() -> None:
+@pytest.mark.parametrize(
+    ("group", "present", "absent"),
+    [
+        pytest.param(
+            V1_POOL_GROUP,
+            [
+                "# TYPE inference_objective_request_total counter",
+                'inference_pool_average_running_requests{name="pool"} 1.0',
+                "# TYPE inference_extension_scheduler_e2e_duration_seconds histogram",
+                "inference_extension_info{",
+            ],
+            ["inference_model_"],
+            id="v1-upstream-v1.5-names",
+        ),
+        pytest.param(
+            V1ALPHA2_POOL_GROUP,
+            ["# TYPE inference_model_request_total counter"],
+            ["inference_objective_", "inference_extension_", "inference_pool_average_running_requests"],
+            id="v1alpha2-upstream-v0.3-names",
+        ),
+    ],
+)
+def test_metrics_endpoint_serves_the_injected_registry(
+    group: str, present: list[str], absent: list[str]
+) -> None:
     async def scenario() -> None:
-        async with make_epp(_seed_with_metrics) as epp:
+        config = dataclasses.replace(LOOPBACK_CONFIG, pool_group=group)
+        async with make_epp(_seed_with_metrics, config=config) as epp:
             await epp.wait_ready()
             url = f"http://127.0.0.1:{epp.metrics_port}/metrics"
             async with aiohttp.ClientSession() as http, http.get(url) as resp:
@@ -281,7 +308,10 @@ def test_metrics_endpoint_serves_the_injected_registry() -> None:
                 text = await resp.text()
             assert 'inference_pool_ready_pods{name="pool"} 1.0' in text
             assert 'inference_pool_average_queue_size{name="pool"} 3.0' in text
-            assert "# TYPE inference_model_request_total counter" in text
+            for line in present:
+                assert line in text
+            for prefix in absent:
+                assert prefix not in text
 
     asyncio.run(scenario())
 
