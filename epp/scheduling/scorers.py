@@ -127,7 +127,9 @@ def total_scores(request: LLMRequest, pods: Sequence[PodMetrics], config: Schedu
 class ScorerScheduler(FreshPodsScheduler):
     """Same interface as `Scheduler`: `schedule(request, pods)` -> a pod, or NoEndpoints/ResourceExhausted."""
 
-    def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
+    def _rank(self, request: LLMRequest, fresh: list[PodMetrics], limit: int) -> list[PodMetrics]:
+        """The highest total first (ties drawn at random, as `schedule`), then the next highest totals
+        from the same scoring; fallbacks with equal totals keep the pods' given order."""
         config = self._config
         if not request.critical and not any(
             p.metrics.waiting_queue_size <= config.queue_threshold_critical
@@ -138,4 +140,8 @@ class ScorerScheduler(FreshPodsScheduler):
         totals = total_scores(request, fresh, config)
         best = max(totals)
         winners = [p for p, total in zip(fresh, totals, strict=True) if total >= best - 1e-9]
-        return winners[0] if len(winners) == 1 else self._rng.choice(winners)
+        first = winners[0] if len(winners) == 1 else self._rng.choice(winners)
+        if limit == 1:
+            return [first]
+        rest = sorted((i for i, p in enumerate(fresh) if p is not first), key=lambda i: (-totals[i], i))
+        return [first, *(fresh[i] for i in rest[: limit - 1])]
