@@ -27,6 +27,11 @@ DEFAULT_METRICS_STALENESS_THRESHOLD = 2.0
 DEFAULT_SCRAPE_TIMEOUT = 5.0
 DEFAULT_DESTINATION_ENDPOINT_HINT_KEY = "x-gateway-destination-endpoint"
 DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE = "envoy.lb"
+# The v1 destination is a comma list: the pick, then this many fallbacks from the same ranking
+# (`--destination-endpoint-fallbacks`, ours; upstream's picker parameter maxNumOfEndpoints is this
+# plus one). A proxy that reads one address only (an ORIGINAL_DST cluster, as in upstream's test
+# envoy.yaml) needs 0; a list-aware one (Envoy's override_host policy) retries on the fallbacks.
+DEFAULT_DESTINATION_FALLBACKS = 2
 
 DEFAULT_QUEUED_REQUESTS_METRIC = "vllm:num_requests_waiting"
 DEFAULT_RUNNING_REQUESTS_METRIC = "vllm:num_requests_running"
@@ -252,9 +257,13 @@ class ServerConfig:
     shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
     shutdown_grace_period: float = DEFAULT_SHUTDOWN_GRACE_PERIOD
     leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
+    # The v1 request protocol (epp.handlers): fallbacks after the pick, and the proxy's subset hint.
+    destination_fallbacks: int = DEFAULT_DESTINATION_FALLBACKS
+    endpoint_subset_filter: bool = True
 
     def __post_init__(self) -> None:
         _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
+        _non_negative_count("destination_fallbacks", self.destination_fallbacks)
         _non_negative("shutdown_delay", self.shutdown_delay)
         _non_negative("shutdown_grace_period", self.shutdown_grace_period)
         if self.pool_group not in POOL_GROUPS:

@@ -74,6 +74,8 @@ class ExtProcServicer:
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         body_scanner: BodyScanner | None = None,
         accounting: Accounting = NO_ACCOUNTING,
+        destination_fallbacks: int = 0,
+        endpoint_subset_filter: bool = True,
     ) -> None:
         # Envoy hands header names over lower-cased; compare and mutate in that form.
         key = destination_header_key.lower()
@@ -91,6 +93,8 @@ class ExtProcServicer:
             body_scanner=scanner,
             max_body_bytes=max_request_body_bytes,
             accounting=accounting,
+            fallbacks=max(0, destination_fallbacks),
+            subset_filter=endpoint_subset_filter,
         )
 
     async def aclose(self) -> None:

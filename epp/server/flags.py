@@ -85,6 +85,7 @@ _SOURCES = {
     "watch_bookmark_interval": "--watchBookmarkInterval",
     "shutdown_delay": "--shutdownDelay",
     "shutdown_grace_period": "--shutdownGracePeriod",
+    "destination_fallbacks": "--destination-endpoint-fallbacks",
 }
 
 
@@ -321,6 +322,7 @@ def _parser() -> _Parser:
         default=defaults.AUTO_EVENT_LOOP,
         help="The event loop: auto (uvloop if installed, else asyncio's), uvloop or asyncio; not upstream.",
     )
+    _request_protocol_flags(p, go_bool)
     # controller-runtime's zap flags, as upstream's manifests pass them (see the module docstring).
     p.add_argument(
         "--zap-log-level", dest="zap_log_level", type=_typed(_zap_level, "zap level"), default=None
@@ -336,6 +338,28 @@ def _parser() -> _Parser:
         type=_typed(_choice(*_ZAP_TIME_ENCODINGS), "encoding"),
     )
     return p
+
+
+def _request_protocol_flags(p: _Parser, go_bool: Callable[[str], bool]) -> None:
+    """The v1 request protocol's knobs (epp.handlers): upstream's subset switch, and ours."""
+    p.add_argument(
+        "--disable-endpoint-subset-filter",
+        dest="disable_endpoint_subset_filter",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="Ignore the proxy's subset hint (metadata envoy.lb.subset_hint, "
+        "x-gateway-destination-endpoint-subset).",
+    )
+    p.add_argument(
+        "--destination-endpoint-fallbacks",
+        dest="destination_endpoint_fallbacks",
+        type=_typed(int, "int"),
+        default=defaults.DEFAULT_DESTINATION_FALLBACKS,
+        help="Fallback endpoints after the pick in the destination comma list, from the same ranking; "
+        "0 for a proxy that reads one address (ORIGINAL_DST); not upstream.",
+    )
 
 
 _NUMBER = re.compile(r"^-\.?\d")
@@ -469,4 +493,6 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str]) -> Server
         leader_election=LeaderElectionConfig(
             enabled=ns.ha_enable_leader_election, identity=environ.get("POD_NAME", "")
         ),
+        destination_fallbacks=ns.destination_endpoint_fallbacks,
+        endpoint_subset_filter=not ns.disable_endpoint_subset_filter,
     )
