@@ -29,9 +29,12 @@ DEFAULT_DESTINATION_ENDPOINT_HINT_KEY = "x-gateway-destination-endpoint"
 DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE = "envoy.lb"
 # The v1 destination is a comma list: the pick, then this many fallbacks from the same ranking
 # (`--destination-endpoint-fallbacks`, ours; upstream's picker parameter maxNumOfEndpoints is this
-# plus one). A proxy that reads one address only (an ORIGINAL_DST cluster, as in upstream's test
-# envoy.yaml) needs 0; a list-aware one (Envoy's override_host policy) retries on the fallbacks.
-DEFAULT_DESTINATION_FALLBACKS = 2
+# plus one, default 1). 0 by default, as upstream: a proxy that reads one address only (an
+# ORIGINAL_DST cluster, as upstream's test envoy.yaml and our harness have) 503s on a list. Behind a
+# list-aware one (Envoy's override_host policy, which retries on the fallbacks) use
+# RECOMMENDED_DESTINATION_FALLBACKS.
+DEFAULT_DESTINATION_FALLBACKS = 0
+RECOMMENDED_DESTINATION_FALLBACKS = 2
 
 DEFAULT_QUEUED_REQUESTS_METRIC = "vllm:num_requests_waiting"
 DEFAULT_RUNNING_REQUESTS_METRIC = "vllm:num_requests_running"

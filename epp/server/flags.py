@@ -357,8 +357,9 @@ def _request_protocol_flags(p: _Parser, go_bool: Callable[[str], bool]) -> None:
         dest="destination_endpoint_fallbacks",
         type=_typed(int, "int"),
         default=defaults.DEFAULT_DESTINATION_FALLBACKS,
-        help="Fallback endpoints after the pick in the destination comma list, from the same ranking; "
-        "0 for a proxy that reads one address (ORIGINAL_DST); not upstream.",
+        help="Fallback endpoints after the pick in the destination comma list, from the same ranking "
+        f"(default 0, as upstream; {defaults.RECOMMENDED_DESTINATION_FALLBACKS} behind a list-aware "
+        "proxy such as Envoy's override_host; ORIGINAL_DST reads one address and needs 0); not upstream.",
     )
 
 
