@@ -121,6 +121,18 @@ with warnings.catch_warnings():
         ProcessingModeBodySendMode,
         ProcessingModeHeaderSendMode,
     )
+    from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+        Config as HeaderToMetadata,
+    )
+    from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+        ConfigKeyValuePair as HeaderToMetadataKeyValuePair,
+    )
+    from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+        ConfigRule as HeaderToMetadataRule,
+    )
+    from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+        ConfigValueType as HeaderToMetadataValueType,
+    )
     from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
     from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
         HttpConnectionManager,
@@ -174,8 +186,14 @@ ACCESS_LOG_FLUSH_MS: Final = 100
 # Prefix of the shared-memory file of Envoy's hot restart; the suffix is base id * 10.
 _HOT_RESTART_SHM_PREFIX: Final = "/dev/shm/envoy_shared_memory_"
 
-BodyMode = Literal["NONE", "STREAMED", "BUFFERED"]
+BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "FULL_DUPLEX_STREAMED"]
 RequestBodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
+HeaderMode = Literal["SEND", "SKIP"]
+# The proxy's subset hint (upstream v1 protocol): request metadata the EPP reads.
+SUBSET_HINT_NAMESPACE: Final = "envoy.lb.subset_hint"
+SUBSET_HINT_KEY: Final = "x-gateway-destination-endpoint-subset"
+# Upstream's test envoy.yaml (v1.0.0 … v1.5.0) waits this long for each ext_proc reply.
+V1_MESSAGE_TIMEOUT_S: Final = 1000.0
 
 # One JSON object per request in the access log.
 ACCESS_LOG_FORMAT: Final[dict[str, str]] = {
@@ -226,6 +244,8 @@ class EnvoyOptions:
     """Knobs of the generated bootstrap."""
 
     response_body_mode: BodyMode = "NONE"
+    # SEND when the EPP should see the response headers (status, content-type for usage accounting).
+    response_header_mode: HeaderMode = "SKIP"
     # BUFFERED (DESIGN.md §2): ours, and upstream v0.3.0's default buffered server.
     # FULL_DUPLEX_STREAMED (one round trip per request): ours too, and upstream's streaming server
     # (v0.3.0 with USE_STREAMING=true; the only one from v0.4.0). See the module docstring.
@@ -253,6 +273,24 @@ class EnvoyOptions:
     # `Envoy.set_ext_proc_replicas` rewrites: how a gateway follows a Deployment's pods as they are
     # replaced (their Service's EndpointSlices). Otherwise the replicas are fixed at start (STATIC).
     ext_proc_dynamic_endpoints: bool = False
+    # Tests of the v1 subset hint: a request header of this name becomes the subset metadata
+    # (`envoy.lb.subset_hint` / `x-gateway-destination-endpoint-subset`, the header's value as a
+    # string) before ext_proc, which forwards that namespace to the EPP; the header itself is
+    # removed. A gateway sets the metadata from its own knowledge; a test says it per request.
+    subset_hint_header: str | None = None
+
+    @classmethod
+    def v1(cls, **overrides: Any) -> EnvoyOptions:
+        """The v1 protocol as upstream's test envoy.yaml deploys it (v1.0.0 … v1.5.0): request and
+        response headers SEND, both bodies FULL_DUPLEX_STREAMED, trailers SEND both ways,
+        message_timeout 1000 s. `overrides` are any other fields."""
+        settings: dict[str, Any] = {
+            "request_body_mode": "FULL_DUPLEX_STREAMED",
+            "response_body_mode": "FULL_DUPLEX_STREAMED",
+            "response_header_mode": "SEND",
+            "message_timeout_s": V1_MESSAGE_TIMEOUT_S,
+        }
+        return cls(**{**settings, **overrides})
 
 
 def _seconds(value: float) -> dt.timedelta:
@@ -269,10 +307,13 @@ def _string_struct(fields: dict[str, str]) -> Struct:
 
 def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
     """The ext_proc filter config: request headers SEND, the body in ``options.request_body_mode``
-    (with trailers SEND both ways in full duplex), response headers SKIP."""
+    (with trailers SEND both ways in full duplex; Envoy requires them for a full duplex body),
+    response headers and body as ``options`` say."""
     header = ProcessingModeHeaderSendMode
     body = ProcessingModeBodySendMode
     duplex = options.request_body_mode == "FULL_DUPLEX_STREAMED"
+    response_duplex = options.response_body_mode == "FULL_DUPLEX_STREAMED"
+    forwarded = [SUBSET_HINT_NAMESPACE] if options.subset_hint_header else []
     return ExternalProcessor(
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
@@ -287,15 +328,33 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
         processing_mode=ProcessingMode(
             request_header_mode=header.SEND,
             request_body_mode=body[options.request_body_mode],
-            response_header_mode=header.SKIP,
+            response_header_mode=header[options.response_header_mode],
             response_body_mode=body[options.response_body_mode],
             request_trailer_mode=header.SEND if duplex else header.SKIP,
-            response_trailer_mode=header.SEND if duplex else header.SKIP,
+            response_trailer_mode=header.SEND if duplex or response_duplex else header.SKIP,
         ),
         metadata_options=MetadataOptions(
-            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE])
+            forwarding_namespaces=MetadataOptionsMetadataNamespaces(untyped=forwarded) if forwarded else None,
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE]),
         ),
         allow_content_length_header=duplex,
+    )
+
+
+def subset_hint_filter(header_name: str) -> HttpFilter:
+    """header_to_metadata: the request header `header_name` → the subset hint metadata (a string)."""
+    rule = HeaderToMetadataRule(
+        header=header_name,
+        on_header_present=HeaderToMetadataKeyValuePair(
+            metadata_namespace=SUBSET_HINT_NAMESPACE,
+            key=SUBSET_HINT_KEY,
+            type=HeaderToMetadataValueType.STRING,
+        ),
+        remove=True,
+    )
+    return HttpFilter(
+        name="envoy.filters.http.header_to_metadata",
+        typed_config=AnyProto.pack(HeaderToMetadata(request_rules=[rule])),
     )
 
 
@@ -489,6 +548,8 @@ def build_bootstrap(
             name="envoy.filters.http.ext_proc", typed_config=AnyProto.pack(ext_proc_filter(options))
         )
         http_filters.insert(0, ext_proc)
+        if options.subset_hint_header:
+            http_filters.insert(0, subset_hint_filter(options.subset_hint_header))
     hcm = HttpConnectionManager(
         stat_prefix="ingress",
         codec_type=HttpConnectionManagerCodecType.AUTO,
