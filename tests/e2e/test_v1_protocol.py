@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.e2e]
 
 SUBSET_HEADER = "x-test-subset"
 PODS = 3
-MODEL = "llama"  # the demo's model served as the base model itself (no LoRA affinity steers it)
+MODEL = BASE_MODEL  # served as itself (the demo's "llama"): no LoRA affinity steers it
 TOKENS = re.compile(r"^inference_(?:model|objective)_(input|output)_tokens_sum\{[^}]*\} (\S+)$", re.M)
 
 
@@ -70,7 +70,7 @@ def test_a_json_response_comes_through_whole_and_its_usage_is_counted(
     shared_stack: Stack, http: httpx2.Client
 ) -> None:
     before = token_sums(shared_stack)
-    response = http.post("/v1/completions", json=completion(stream=False))
+    response = http.post("/completions", json=completion(stream=False))
     assert response.status_code == 200, http_error_text(response)
     usage = response.json()["usage"]
     assert usage["completion_tokens"] > 0
@@ -85,7 +85,7 @@ def test_an_sse_response_comes_through_whole_and_its_usage_is_counted(
     shared_stack: Stack, http: httpx2.Client
 ) -> None:
     before = token_sums(shared_stack)
-    with http.stream("POST", "/v1/completions", json=completion(stream=True)) as response:
+    with http.stream("POST", "/completions", json=completion(stream=True)) as response:
         assert response.status_code == 200
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
@@ -98,7 +98,7 @@ def test_an_sse_response_comes_through_whole_and_its_usage_is_counted(
 
 
 def test_a_header_only_request_is_routed_to_a_pool_pod(shared_stack: Stack, http: httpx2.Client) -> None:
-    response = http.get("/v1/models")
+    response = http.get("/models")
     assert response.status_code == 200, http_error_text(response)
     assert served_by(response.headers) in {
         endpoint(shared_stack, pod) for pod in cluster_of(shared_stack).pods
@@ -112,20 +112,20 @@ def test_the_subset_hint_confines_the_pick(shared_stack: Stack, http: httpx2.Cli
     hint = allowed if form == "ip-port" else allowed.rsplit(":", 1)[0]
     served = set()
     for n in range(12):
-        response = http.post("/v1/completions", json=completion(False, n), headers={SUBSET_HEADER: hint})
+        response = http.post("/completions", json=completion(False, n), headers={SUBSET_HEADER: hint})
         assert response.status_code == 200, http_error_text(response)
         served.add(served_by(response.headers))
     assert served == {allowed}
     # Without the hint the same requests spread: the pick above was the hint's doing.
     spread = {
-        served_by(http.post("/v1/completions", json=completion(False, n)).headers) for n in range(100, 130)
+        served_by(http.post("/completions", json=completion(False, n)).headers) for n in range(100, 130)
     }
     assert len(spread) > 1
 
 
 def test_a_subset_outside_the_pool_is_503_with_a_message(http: httpx2.Client) -> None:
     response = http.post(
-        "/v1/completions", json=completion(stream=False), headers={SUBSET_HEADER: "10.255.0.1"}
+        "/completions", json=completion(stream=False), headers={SUBSET_HEADER: "10.255.0.1"}
     )
     assert response.status_code == 503
     assert "subset" in http_error_text(response)
