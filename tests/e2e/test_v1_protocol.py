@@ -124,8 +124,6 @@ def test_the_subset_hint_confines_the_pick(shared_stack: Stack, http: httpx2.Cli
 
 
 def test_a_subset_outside_the_pool_is_503_with_a_message(http: httpx2.Client) -> None:
-    response = http.post(
-        "/completions", json=completion(stream=False), headers={SUBSET_HEADER: "10.255.0.1"}
-    )
+    response = http.post("/completions", json=completion(stream=False), headers={SUBSET_HEADER: "10.255.0.1"})
     assert response.status_code == 503
     assert "subset" in http_error_text(response)
