@@ -23,7 +23,14 @@ where every protocol decision lives (DESIGN.md §2 Handlers and §6, epp-behavio
 - request trailers before the body is complete (BUFFERED/STREAMED): a trailers reply cannot carry
   the held-back body, so the request is refused with 400 and a message saying why, instead of
   waiting forever. In full duplex the trailers end the body instead (see above).
-- response headers/body: only observed (status, SSE, size, token usage), never changed.
+- response headers/body: only observed (status, SSE, size, token usage), never changed. With a
+  FULL_DUPLEX_STREAMED response body (the v1 set-up of upstream's test envoy.yaml) Envoy forwards
+  only what comes back, so each chunk is handed back at once, unchanged, in `streamed_response`;
+  response trailers end the response when its last chunk did not.
+- the v1 destination is a comma list: the scheduler's pick, then `fallbacks` more from the same
+  ranking (`PodScheduler.rank`); only the pick counts as in flight. The proxy's subset hint
+  (`epp.handlers.subset`, request metadata) limits the candidates of every routed request, bodyless
+  ones too; none left is 503.
 - any `EppError` becomes an ImmediateResponse and ends the stream; an unexpected exception on the
   request side becomes Internal (500) with its traceback logged; on the response side it is logged
   and the response continues untouched.
@@ -199,9 +206,8 @@ class ExtProcStream:
         self._received_at = deps.clock()
         self._buffered_mode = False
         self._duplex = False  # FULL_DUPLEX_STREAMED: answer the request side once, when the body is complete
-        self._response_duplex = (
-            False  # FULL_DUPLEX_STREAMED response body: every chunk goes back in the reply
-        )
+        # FULL_DUPLEX_STREAMED response body: every chunk goes back in its reply.
+        self._response_duplex = False
         self._subset: Subset | None = None  # the proxy's subset hint, when it sent one
         self._body_chunks: list[bytes] = []
         self._body_size = 0
