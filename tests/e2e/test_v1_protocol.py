@@ -20,9 +20,15 @@ import pytest
 from harness.beds.stack import BASE_MODEL, Stack, StackOptions
 from harness.dataplane.envoy import EnvoyOptions
 from harness.plugin.core import namespace_name
+from harness.scenarios.support import (
+    CLIENT_TIMEOUT_S,
+    cluster_of,
+    endpoint,
+    http_error_text,
+    served_by,
+    wait_routable,
+)
 from harness.sim import SimConfig
-
-from .support import CLIENT_TIMEOUT_S, cluster_of, endpoint, http_error_text, served_by, wait_routable
 
 pytestmark = [pytest.mark.e2e]
 
