@@ -21,7 +21,13 @@ and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc
 * the listener is the edge (``use_remote_address``) and every ``x-envoy-*`` header a client sends is
   removed before routing, so a client cannot set Envoy's retries, timeouts or original destination;
 * cluster ``model_servers``: ORIGINAL_DST whose destination comes only from the ``envoy.lb``
-  dynamic metadata key ``x-gateway-destination-endpoint``, so a client-sent header cannot steer;
+  dynamic metadata key ``x-gateway-destination-endpoint``, so a client-sent header cannot steer
+  (it reads one address: an EPP must send no fallbacks); with ``EnvoyOptions.model_server_endpoints``
+  instead a list-aware gateway: a STATIC cluster of those endpoints with Envoy's override_host policy,
+  which takes the EPP's comma list from the same metadata and retries on its fallbacks;
+* ``EnvoyOptions.v1()``: the v1 protocol as upstream's test envoy.yaml sets it (both bodies
+  FULL_DUPLEX_STREAMED, response headers and trailers SEND, message_timeout 1000 s);
+  ``subset_hint_header`` turns a test header into the subset hint metadata the EPP reads;
 * ``per_connection_buffer_limit_bytes`` = the EPP's body limit (16 MiB by default, both sides), so
   a BUFFERED multi-MiB prompt passes and a bigger one gets the same readable 413 from either. The
   EPP derives its gRPC message limit from the same number (grpcio's 4 MiB default would otherwise
@@ -71,6 +77,8 @@ with warnings.catch_warnings():
         ClusterLbPolicy,
         ClusterOriginalDstLbConfig,
         ClusterTransportSocketMatch,
+        LoadBalancingPolicy,
+        LoadBalancingPolicyPolicy,
     )
     from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
         HeaderMutation,
@@ -105,6 +113,9 @@ with warnings.catch_warnings():
         LocalityLbEndpoints,
     )
     from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
+    from envoy_data_plane.envoy.config.route.v3 import (
+        RetryPolicy as RouteRetryPolicy,
+    )
     from envoy_data_plane.envoy.config.route.v3 import (
         Route,
         RouteAction,
@@ -144,6 +155,11 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutation.v3 import (
         HeaderMutation as EarlyHeaderMutation,
     )
+    from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
+        OverrideHost,
+        OverrideHostOverrideHostSource,
+    )
+    from envoy_data_plane.envoy.extensions.load_balancing_policies.round_robin.v3 import RoundRobin
     from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import PreviousHostsPredicate
     from envoy_data_plane.envoy.extensions.transport_sockets.raw_buffer.v3 import RawBuffer
     from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
@@ -278,6 +294,12 @@ class EnvoyOptions:
     # string) before ext_proc, which forwards that namespace to the EPP; the header itself is
     # removed. A gateway sets the metadata from its own knowledge; a test says it per request.
     subset_hint_header: str | None = None
+    # A list-aware gateway (the v1 destination is a comma list, the pick first): the model servers'
+    # cluster holds these "ip:port" endpoints and Envoy's override_host policy takes the EPP's list
+    # from the metadata, the first endpoint first and the next ones on retries (`fallback_retries`
+    # of them, on connect failure or reset). Empty: ORIGINAL_DST, which reads one address only.
+    model_server_endpoints: tuple[str, ...] = ()
+    fallback_retries: int = 2
 
     @classmethod
     def v1(cls, **overrides: Any) -> EnvoyOptions:
@@ -338,6 +360,56 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE]),
         ),
         allow_content_length_header=duplex,
+    )
+
+
+def override_host_cluster(options: EnvoyOptions) -> Cluster:
+    """The model servers as a list-aware gateway has them: a STATIC cluster of the pool's endpoints
+    whose override_host policy reads the EPP's comma list from `envoy.lb` metadata (never a client
+    header); with no list it falls back to round robin (the fail-closed EPP always sends one)."""
+    endpoints = [_split_host_port(e) for e in options.model_server_endpoints]
+    fallback = LoadBalancingPolicy(
+        policies=[
+            LoadBalancingPolicyPolicy(
+                typed_extension_config=TypedExtensionConfig(
+                    name="envoy.load_balancing_policies.round_robin", typed_config=AnyProto.pack(RoundRobin())
+                )
+            )
+        ]
+    )
+    override = OverrideHost(
+        override_host_sources=[
+            OverrideHostOverrideHostSource(
+                metadata=MetadataKey(
+                    key=DESTINATION_NAMESPACE, path=[MetadataKeyPathSegment(key=DESTINATION_HEADER)]
+                )
+            )
+        ],
+        fallback_policy=fallback,
+    )
+    return Cluster(
+        name=MODEL_SERVERS_CLUSTER,
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=_seconds(options.connect_timeout_s),
+        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+        load_balancing_policy=LoadBalancingPolicy(
+            policies=[
+                LoadBalancingPolicyPolicy(
+                    typed_extension_config=TypedExtensionConfig(
+                        name="envoy.load_balancing_policies.override_host",
+                        typed_config=AnyProto.pack(override),
+                    )
+                )
+            ]
+        ),
+        load_assignment=ClusterLoadAssignment(
+            cluster_name=MODEL_SERVERS_CLUSTER,
+            endpoints=[
+                LocalityLbEndpoints(
+                    lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=_socket(h, p))) for h, p in endpoints]
+                )
+            ],
+        ),
     )
 
 
@@ -479,7 +551,13 @@ def ext_proc_tls_context(tls: ExtProcTls) -> UpstreamTlsContext:
 
 
 def _model_servers_route(options: EnvoyOptions) -> RouteConfiguration:
-    """Every path to the model servers' cluster, with the route timeout (LLM answers take long)."""
+    """Every path to the model servers' cluster, with the route timeout (LLM answers take long);
+    behind a list-aware cluster, retries that walk the EPP's fallbacks."""
+    retries = None
+    if options.model_server_endpoints and options.fallback_retries > 0:
+        retries = RouteRetryPolicy(
+            retry_on="connect-failure,reset,refused-stream", num_retries=options.fallback_retries
+        )
     return RouteConfiguration(
         name="model_servers_route",
         virtual_hosts=[
@@ -490,7 +568,9 @@ def _model_servers_route(options: EnvoyOptions) -> RouteConfiguration:
                     Route(
                         match=RouteMatch(prefix="/"),
                         route=RouteAction(
-                            cluster=MODEL_SERVERS_CLUSTER, timeout=_seconds(options.route_timeout_s)
+                            cluster=MODEL_SERVERS_CLUSTER,
+                            timeout=_seconds(options.route_timeout_s),
+                            retry_policy=retries,
                         ),
                     )
                 ],
@@ -642,6 +722,8 @@ def build_bootstrap(
             )
         ),
     )
+    if options.model_server_endpoints:
+        model_servers = override_host_cluster(options)
     if options.direct_upstream is not None:
         upstream_host, upstream_port = _split_host_port(options.direct_upstream)
         model_servers = Cluster(

@@ -34,19 +34,31 @@ def pool() -> Iterator[AddressPool]:
 
 
 @contextlib.asynccontextmanager
-async def v1_gateway(pool: AddressPool) -> AsyncIterator[tuple[Env, Envoy, list[str]]]:
-    """Two pods, our handlers, an Envoy in v1 mode with the subset test header; yields the pods' addresses."""
+async def v1_gateway(
+    pool: AddressPool, *, fallbacks: int = 0, list_aware: bool = False
+) -> AsyncIterator[tuple[Env, Envoy, list[str]]]:
+    """Two pods, our handlers, an Envoy in v1 mode with the subset test header; yields the pods'
+    addresses. `list_aware`: a third pod, `pod-dead`, whose address nothing listens on, and Envoy's
+    override_host cluster of all three (ORIGINAL_DST otherwise)."""
     async with (
         ModelServerSim(pool.acquire(), config=SIM) as first,
         ModelServerSim(pool.acquire(), config=SIM) as second,
     ):
-        env = Env().pool(port=int(first.address.rsplit(":", 1)[1])).model("base")
+        port_text = first.address.rsplit(":", 1)[1]
+        env = Env(fallbacks=fallbacks).pool(port=int(port_text)).model("base")
         env.pod("pod-1", first.address.rsplit(":", 1)[0]).pod("pod-2", second.address.rsplit(":", 1)[0])
+        endpoints: tuple[str, ...] = ()
+        if list_aware:
+            dead = pool.acquire()
+            env.pod("pod-dead", dead)
+            endpoints = (first.address, second.address, f"{dead}:{port_text}")
         server = GrpcServer()
         env.servicer().add_to_h2_server(server)
         port = await server.start("127.0.0.1", 0)
         try:
-            options = EnvoyOptions.v1(ext_proc_tls=False, subset_hint_header=SUBSET_HEADER)
+            options = EnvoyOptions.v1(
+                ext_proc_tls=False, subset_hint_header=SUBSET_HEADER, model_server_endpoints=endpoints
+            )
             with Envoy(f"127.0.0.1:{port}", options=options) as envoy:
                 yield env, envoy, [first.address, second.address]
         finally:
@@ -110,3 +122,21 @@ async def test_the_subset_hint_reaches_the_epp_through_envoy(pool: AddressPool) 
         ) as response:
             assert response.status == 503
             assert "subset" in (await response.json())["error"]["message"]
+
+
+async def test_a_list_aware_envoy_retries_on_the_fallback(pool: AddressPool) -> None:
+    # The pick is a pod nothing listens on; the first fallback (the scripted ranking keeps the pods'
+    # order: pod-1) serves every time. Envoy's own round robin, which takes over when the list runs
+    # out, would spread some of them over pod-2.
+    async with (
+        v1_gateway(pool, fallbacks=1, list_aware=True) as (env, envoy, pods),
+        aiohttp.ClientSession() as http,
+    ):
+        env.scheduler.pick = "pod-dead"
+        body = {"model": "base", "prompt": "hi", "max_tokens": 1}
+        served = []
+        for _ in range(6):
+            async with http.post(f"{envoy.base_url}/v1/completions", json=body) as response:
+                assert response.status == 200, await response.text()
+                served.append(response.headers[SERVED_BY_HEADER])
+    assert served == [pods[0]] * 6
