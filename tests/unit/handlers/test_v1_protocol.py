@@ -371,3 +371,22 @@ def test_without_full_duplex_the_response_is_continued_unchanged() -> None:
     assert [r.WhichOneof("response") for r in side] == ["response_headers", "response_body"]
     assert not side[1].response_body.response.HasField("body_mutation")
     assert tokens(env) == (5, 9)
+
+
+@pytest.mark.parametrize(
+    ("subset", "endpoints"),
+    [
+        pytest.param("10.0.0.1:8001", {"10.0.0.1:8001"}, id="ip-port-one-rank-of-the-pod"),
+        pytest.param("10.0.0.1", {"10.0.0.1:8000", "10.0.0.1:8001"}, id="ip-every-rank-of-the-pod"),
+        pytest.param(
+            "10.0.0.2:8000,10.0.0.1:8001", {"10.0.0.2:8000", "10.0.0.1:8001"}, id="ranks-of-two-pods"
+        ),
+    ],
+)
+def test_the_subset_selects_endpoints_of_a_pool_with_two_target_ports(
+    subset: str, endpoints: set[str]
+) -> None:
+    # A v1 pool with ports 8000 and 8001: one endpoint per pod and port (data-parallel ranks).
+    env = Env(fallbacks=3).pool_v1(8000, 8001).pod("pod-1", "10.0.0.1").pod("pod-2", "10.0.0.2")
+    replies = run(env, request_headers(subset=subset), body(COMPLETION))
+    assert set(routed_to(replies[0]).split(",")) == endpoints
