@@ -27,6 +27,7 @@ added latency, ≥ on requests/s at 32 in flight.
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-epp-command "/opt/my-epp -flag=x"
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-tree /tmp/epp-main  # another checkout
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-full-duplex  # ours in full duplex too
+    .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-v1  # ours behind upstream's v1 Envoy
 """
 
 from __future__ import annotations
@@ -323,6 +324,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also measure our EPP behind an Envoy in FULL_DUPLEX_STREAMED mode (one round trip per request)",
     )
     parser.add_argument(
+        "--compare-ours-v1",
+        action="store_true",
+        help="also measure our EPP behind an Envoy in the v1 mode of upstream's test envoy.yaml "
+        "(EnvoyOptions.v1: both bodies FULL_DUPLEX_STREAMED, response headers and trailers SEND)",
+    )
+    parser.add_argument(
         "--compare-ours-tree",
         action="append",
         default=[],
@@ -355,6 +362,14 @@ def short_label(command_line: str) -> str:
 def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyOptions]]:
     """Each other EPP and the Envoy options it runs behind (the body mode its dialect speaks)."""
     commands: list[EppCommand] = []
+    v1: list[tuple[EppCommand, EnvoyOptions]] = []
+    if args.compare_ours_v1:
+        v1.append(
+            (
+                dataclasses.replace(EppCommand.ours(), label="epp (ours) v1"),
+                EnvoyOptions.v1(log_level="warning"),
+            )
+        )
     if args.compare_upstream:
         commands.append(EppCommand.upstream(args.compare_upstream))
     if args.compare_upstream_streaming:
@@ -381,8 +396,11 @@ def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyO
         argv = ("env", f"PYTHONPATH={tree}", sys.executable, "-m", "epp")
         commands.append(EppCommand(argv, "ours", (), f"epp at {tree.name}"))
     return [
-        (command, EnvoyOptions(log_level="warning", request_body_mode=command.envoy_request_body_mode))
-        for command in commands
+        *(
+            (command, EnvoyOptions(log_level="warning", request_body_mode=command.envoy_request_body_mode))
+            for command in commands
+        ),
+        *v1,
     ]
 
 

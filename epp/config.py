@@ -35,6 +35,14 @@ DEFAULT_METRICS_STALENESS_THRESHOLD = 2.0
 DEFAULT_SCRAPE_TIMEOUT = 5.0
 DEFAULT_DESTINATION_ENDPOINT_HINT_KEY = "x-gateway-destination-endpoint"
 DEFAULT_DESTINATION_ENDPOINT_HINT_METADATA_NAMESPACE = "envoy.lb"
+# The v1 destination is a comma list: the pick, then this many fallbacks from the same ranking
+# (`--destination-endpoint-fallbacks`, ours; upstream's picker parameter maxNumOfEndpoints is this
+# plus one, default 1). 0 by default, as upstream: a proxy that reads one address only (an
+# ORIGINAL_DST cluster, as upstream's test envoy.yaml and our harness have) 503s on a list. Behind a
+# list-aware one (Envoy's override_host policy, which retries on the fallbacks) use
+# RECOMMENDED_DESTINATION_FALLBACKS.
+DEFAULT_DESTINATION_FALLBACKS = 0
+RECOMMENDED_DESTINATION_FALLBACKS = 2
 
 DEFAULT_QUEUED_REQUESTS_METRIC = "vllm:num_requests_waiting"
 DEFAULT_RUNNING_REQUESTS_METRIC = "vllm:num_requests_running"
@@ -404,8 +412,6 @@ class ServerConfig:
     # Standalone mode (`--endpoint-selector`): pods matching these labels, on these ports, no pool.
     endpoint_selector: tuple[tuple[str, str], ...] = ()
     endpoint_target_ports: tuple[int, ...] = ()
-    # Ignore the proxy's `x-gateway-destination-endpoint-subset` hint (`--disable-endpoint-subset-filter`).
-    disable_endpoint_subset_filter: bool = False
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_health_port: int = DEFAULT_GRPC_HEALTH_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
@@ -431,6 +437,9 @@ class ServerConfig:
     shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
     shutdown_grace_period: float = DEFAULT_SHUTDOWN_GRACE_PERIOD
     leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
+    # The v1 request protocol (epp.handlers): fallbacks after the pick, and the proxy's subset hint.
+    destination_fallbacks: int = DEFAULT_DESTINATION_FALLBACKS
+    endpoint_subset_filter: bool = True
 
     def __post_init__(self) -> None:
         if self.pool_group not in POOL_GROUPS:
@@ -448,6 +457,7 @@ class ServerConfig:
             if not 1 <= port <= 65535:
                 raise ConfigError("endpoint_target_ports", port, "must be a port number from 1 to 65535")
         _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)
+        _non_negative_count("destination_fallbacks", self.destination_fallbacks)
         _non_negative("shutdown_delay", self.shutdown_delay)
         _non_negative("shutdown_grace_period", self.shutdown_grace_period)
         if self.max_request_body_bytes < 1:

@@ -112,14 +112,18 @@ def route(
 STREAMED_CHUNK_BYTES = 64 * 1024
 
 
-def streamed_body(body: bytes, end_of_stream: bool) -> tuple[bytes, ...]:
-    """A request body handed back to Envoy in full duplex mode: `streamed_response` chunks of at most
-    `STREAMED_CHUNK_BYTES`, `end_of_stream` on the last one when asked (not when trailers follow)."""
-    pieces = [body[i : i + STREAMED_CHUNK_BYTES] for i in range(0, len(body), STREAMED_CHUNK_BYTES)] or [b""]
+def streamed_body(body: bytes, end_of_stream: bool, *, phase: str = "request_body") -> tuple[bytes, ...]:
+    """A body handed back to Envoy in full duplex mode (`phase` "request_body" or "response_body"):
+    `streamed_response` chunks of at most `STREAMED_CHUNK_BYTES`, `end_of_stream` on the last one
+    when asked (not when trailers follow)."""
+    if len(body) <= STREAMED_CHUNK_BYTES:
+        pieces = [body]
+    else:
+        pieces = [body[i : i + STREAMED_CHUNK_BYTES] for i in range(0, len(body), STREAMED_CHUNK_BYTES)]
     out = []
     for index, piece in enumerate(pieces):
         resp = pb.ProcessingResponse()
-        streamed = resp.request_body.response.body_mutation.streamed_response
+        streamed = getattr(resp, phase).response.body_mutation.streamed_response
         streamed.body = piece
         streamed.end_of_stream = end_of_stream and index == len(pieces) - 1
         out.append(bytes(resp.SerializeToString()))

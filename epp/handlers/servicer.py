@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from epp.body import BodyScanner
-from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
+from epp.config import DEFAULT_DESTINATION_FALLBACKS, DEFAULT_MAX_REQUEST_BODY_BYTES
 from epp.h2 import GrpcServer, StreamError
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.handlers.responses import ConstantReplies, Destination
@@ -74,6 +74,8 @@ class ExtProcServicer:
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         body_scanner: BodyScanner | None = None,
         accounting: Accounting = NO_ACCOUNTING,
+        destination_fallbacks: int = DEFAULT_DESTINATION_FALLBACKS,
+        endpoint_subset_filter: bool = True,
     ) -> None:
         # Envoy hands header names over lower-cased; compare and mutate in that form.
         key = destination_header_key.lower()
@@ -91,6 +93,8 @@ class ExtProcServicer:
             body_scanner=scanner,
             max_body_bytes=max_request_body_bytes,
             accounting=accounting,
+            fallbacks=max(0, destination_fallbacks),
+            subset_filter=endpoint_subset_filter,
         )
 
     async def aclose(self) -> None:

@@ -23,7 +23,14 @@ where every protocol decision lives (DESIGN.md §2 Handlers and §6, epp-behavio
 - request trailers before the body is complete (BUFFERED/STREAMED): a trailers reply cannot carry
   the held-back body, so the request is refused with 400 and a message saying why, instead of
   waiting forever. In full duplex the trailers end the body instead (see above).
-- response headers/body: only observed (status, SSE, size, token usage), never changed.
+- response headers/body: only observed (status, SSE, size, token usage), never changed. With a
+  FULL_DUPLEX_STREAMED response body (the v1 set-up of upstream's test envoy.yaml) Envoy forwards
+  only what comes back, so each chunk is handed back at once, unchanged, in `streamed_response`;
+  response trailers end the response when its last chunk did not.
+- the v1 destination is a comma list: the scheduler's pick, then `fallbacks` more from the same
+  ranking (`PodScheduler.rank`); only the pick counts as in flight. The proxy's subset hint
+  (`epp.handlers.subset`, request metadata) limits the candidates of every routed request, bodyless
+  ones too; none left is 503.
 - any `EppError` becomes an ImmediateResponse and ends the stream; an unexpected exception on the
   request side becomes Internal (500) with its traceback logged; on the response side it is logged
   and the response continues untouched.
@@ -53,6 +60,7 @@ from epp.errors import BadRequest, EppError, Internal, NoEndpoints, PayloadTooLa
 from epp.handlers import responses
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting, Dispatch
 from epp.handlers.request import resolve
+from epp.handlers.subset import SUBSET_KEY, SUBSET_NAMESPACE, Subset, parse_subset
 from epp.handlers.usage import MAX_JSON_RESPONSE_BYTES, SseUsageScanner, Usage, usage_from_json
 from epp.metrics import UNKNOWN_MODEL, RequestMetrics
 from epp.scheduling import LLMRequest
@@ -69,6 +77,7 @@ _SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
 _FIRST_ERROR_STATUS = 400
 
 _REQUEST_SIDE = frozenset(("request_headers", "request_body", "request_trailers"))
+_RESPONSE_SIDE = frozenset(("response_headers", "response_body", "response_trailers"))
 _NO_POOL = "no InferencePool is known to the endpoint picker"
 
 # What the response body is, for usage accounting.
@@ -92,7 +101,9 @@ class RoutingView(Protocol):
 
 
 class PodScheduler(Protocol):
-    def schedule(self, request: LLMRequest, pods: list[PodMetrics]) -> PodMetrics: ...
+    def rank(self, request: LLMRequest, pods: list[PodMetrics], limit: int) -> Sequence[PodMetrics]:
+        """The pick first, then up to `limit - 1` fallbacks from the same decision (epp.scheduling)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +120,42 @@ class StreamDeps:
     body_scanner: BodyScanner
     max_body_bytes: int
     accounting: Accounting = NO_ACCOUNTING
+    # How many fallback endpoints follow the pick in the destination list (0: the pick alone).
+    fallbacks: int = 0
+    # Honour the proxy's subset hint (`--disable-endpoint-subset-filter` turns it off).
+    subset_filter: bool = True
 
 
 def endpoint_of(pod: PodMetrics, pool: InferencePool) -> str:
     """`ip:port` of the endpoint (its own target port of the pool); IPv6 in brackets."""
     return pod.pod.endpoint
+
+
+def destination_list(ranked: Sequence[PodMetrics], pool: InferencePool) -> str:
+    """The destination value of the v1 protocol: `ip:port` comma list, the pick first, then fallbacks."""
+    return ",".join(endpoint_of(pod, pool) for pod in ranked)
+
+
+def _subset_of(metadata: Any) -> Subset | None:
+    """The subset hint in a request's metadata_context, if it has one (`epp.handlers.subset`)."""
+    namespace = metadata.filter_metadata.get(SUBSET_NAMESPACE)
+    if namespace is None or SUBSET_KEY not in namespace.fields:
+        return None
+    value = namespace.fields[SUBSET_KEY]
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return parse_subset(value.string_value)
+    if kind == "list_value":
+        return parse_subset(
+            [
+                item.string_value
+                for item in value.list_value.values
+                if item.WhichOneof("kind") == "string_value"
+            ]
+        )
+    # Neither form of the protocol: ignored, as upstream does (its type check finds no list).
+    log.debug("ignoring a subset hint of kind %s", kind)
+    return None
 
 
 def _header_value(header: Any) -> str:
@@ -141,10 +183,12 @@ class ExtProcStream:
         "_json_body",
         "_received_at",
         "_response_done",
+        "_response_duplex",
         "_response_kind",
         "_response_size",
         "_routed",
         "_sse",
+        "_subset",
         "headers",
         "model",
         "response_status",
@@ -162,6 +206,9 @@ class ExtProcStream:
         self._received_at = deps.clock()
         self._buffered_mode = False
         self._duplex = False  # FULL_DUPLEX_STREAMED: answer the request side once, when the body is complete
+        # FULL_DUPLEX_STREAMED response body: every chunk goes back in its reply.
+        self._response_duplex = False
+        self._subset: Subset | None = None  # the proxy's subset hint, when it sent one
         self._body_chunks: list[bytes] = []
         self._body_size = 0
         self._declared_length: int | None = None  # Content-Length of the request, when sent
@@ -183,9 +230,15 @@ class ExtProcStream:
         except DecodeError as exc:
             raise ProtocolError(f"undecodable ProcessingRequest: {exc}") from exc
         if req.HasField("protocol_config"):
-            mode = req.protocol_config.request_body_mode
+            config = req.protocol_config
+            mode = config.request_body_mode
             self._buffered_mode = mode == _BUFFERED
             self._duplex = mode == _FULL_DUPLEX
+            self._response_duplex = config.response_body_mode == _FULL_DUPLEX
+        if req.HasField("metadata_context") and self._deps.subset_filter:
+            subset = _subset_of(req.metadata_context)
+            if subset is not None:
+                self._subset = subset
         if req.observability_mode:
             # Envoy expects no reply in observability mode; what it tells us is still recorded.
             return None, (await self._dispatch(req))[1]
@@ -207,12 +260,15 @@ class ExtProcStream:
                 # every frame up to the gRPC server alive for as long as the record lives.
                 log.error("internal error handling %s:\n%s", kind, "".join(traceback.format_exception(exc)))
                 return self._fail(Internal("internal error in the endpoint picker")), True
-        if kind == "response_headers" or kind == "response_body":
+        if kind in _RESPONSE_SIDE:
             try:
                 if kind == "response_headers":
                     self._response_headers(req.response_headers)
-                    return self._deps.replies.response_headers, False
-                self._response_body(req.response_body)
+                elif kind == "response_body":
+                    self._response_body(req.response_body)
+                else:
+                    # Trailers end a response whose last body chunk did not (full duplex sends them).
+                    self._response_complete()
             except Exception as exc:
                 # Usage accounting is best effort; the client's response must never suffer from it.
                 log.error(
@@ -220,9 +276,17 @@ class ExtProcStream:
                     kind,
                     "".join(traceback.format_exception(exc)),
                 )
-            return self._deps.replies.response_body, False
-        if kind == "response_trailers":
-            return self._deps.replies.response_trailers, False
+            replies = self._deps.replies
+            if kind == "response_headers":
+                return replies.response_headers, False
+            if kind == "response_trailers":
+                return replies.response_trailers, False
+            if self._response_duplex:
+                # Full duplex: Envoy forwards only what comes back, so each chunk is handed back
+                # unchanged at once (an SSE stream keeps its pace), end_of_stream as it came.
+                msg = req.response_body
+                return responses.streamed_body(msg.body, msg.end_of_stream, phase="response_body"), False
+            return replies.response_body, False
         raise ProtocolError(f"unsupported ProcessingRequest: {kind or 'no message set'}")
 
     def close(self) -> None:
@@ -254,10 +318,16 @@ class ExtProcStream:
         return replies.request_headers_strip if client_hint else replies.request_headers
 
     def _route_bodyless(self) -> bytes:
-        pool, pods = self._pool_and_pods()
-        endpoint = endpoint_of(self._deps.rng.choice(pods), pool)
+        """No body, no model: a uniform draw (as upstream), then as many other pods at random."""
+        pool, pods = self._candidates()
+        rng = self._deps.rng
+        first = rng.choice(pods)
+        others = [p for p in pods if p is not first]
+        ranked = [first, *rng.sample(others, min(self._deps.fallbacks, len(others)))]
         self._decided = True
-        return responses.route(self._deps.destination, endpoint, phase="request_headers")
+        return responses.route(
+            self._deps.destination, destination_list(ranked, pool), phase="request_headers"
+        )
 
     async def _request_body(self, msg: pb.HttpBody) -> Reply:
         if self._decided:
@@ -318,14 +388,15 @@ class ExtProcStream:
         self.model = scanned.model if resolved.model_declared else UNKNOWN_MODEL
         target = resolved.target
         self.target = target if resolved.target_declared else UNKNOWN_MODEL
-        pool, pods = self._pool_and_pods()
+        pool, pods = self._candidates()
         prefix = deps.accounting.prefix_query(scanned.prompt_head, target)
         request = LLMRequest(
             scanned.model, target, not resolved.sheddable, len(prefix.hashes), prefix.matches
         )
-        picked = deps.scheduler.schedule(request, pods)
-        self._in_flight = deps.accounting.routed(picked, target, prefix)
-        endpoint = endpoint_of(picked, pool)
+        ranked = deps.scheduler.rank(request, pods, 1 + deps.fallbacks)
+        # Only the pick counts as in flight: a fallback serves the request only if the pick cannot.
+        self._in_flight = deps.accounting.routed(ranked[0], target, prefix)
+        endpoint = destination_list(ranked, pool)
         rewritten = target != scanned.model
         body = with_model(raw, scanned, target) if rewritten else raw
         if len(body) > deps.max_body_bytes:
@@ -356,13 +427,22 @@ class ExtProcStream:
             log.debug("routed model=%s target=%s to %s", scanned.model, target, endpoint)
         return reply
 
-    def _pool_and_pods(self) -> tuple[InferencePool, list[PodMetrics]]:
+    def _candidates(self) -> tuple[InferencePool, list[PodMetrics]]:
+        """The pool and the pods a request may go to: every ready pod, within the proxy's subset."""
         pool = self._deps.datastore.pool_get()
         if pool is None:
             raise NoEndpoints(_NO_POOL)
         pods = list(self._deps.datastore.pod_get_all())
         if not pods:
             raise NoEndpoints(f"no ready endpoints in InferencePool {pool.key.name}")
+        subset = self._subset
+        if subset is not None:
+            pods = [p for p in pods if subset.allows(p.pod.address, p.pod.port)]
+            if not pods:
+                raise NoEndpoints(
+                    f"no ready endpoint of InferencePool {pool.key.name} is in the subset the proxy "
+                    f"allowed ({subset.describe()})"
+                )
         return pool, pods
 
     def _fail(self, err: EppError) -> bytes:

@@ -1,6 +1,6 @@
 """Time spent scheduling, for `inference_extension_scheduler_e2e_duration_seconds` (v1 names).
 
-`TimedScheduler` wraps whatever scheduler the runner built and reports each `schedule()` call's
+`TimedScheduler` wraps whatever scheduler the runner built and reports each decision's (`rank()`)
 duration, failed ones included (a 429 or 503 decision is scheduling work too), so neither the
 handlers nor the schedulers know about Prometheus.
 """
@@ -8,7 +8,7 @@ handlers nor the schedulers know about Prometheus.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from epp.datastore.types import PodMetrics
@@ -16,7 +16,7 @@ from epp.scheduling.filters import LLMRequest
 
 
 class _Scheduler(Protocol):
-    def schedule(self, request: LLMRequest, pods: list[PodMetrics]) -> PodMetrics: ...
+    def rank(self, request: LLMRequest, pods: list[PodMetrics], limit: int) -> Sequence[PodMetrics]: ...
 
 
 class _Sink(Protocol):
@@ -31,9 +31,9 @@ class TimedScheduler:
         self._sink = sink
         self._clock = clock
 
-    def schedule(self, request: LLMRequest, pods: list[PodMetrics]) -> PodMetrics:
+    def rank(self, request: LLMRequest, pods: list[PodMetrics], limit: int) -> Sequence[PodMetrics]:
         start = self._clock()
         try:
-            return self._scheduler.schedule(request, pods)
+            return self._scheduler.rank(request, pods, limit)
         finally:
             self._sink.scheduled(self._clock() - start)

@@ -1,7 +1,8 @@
 """Request scheduling: pure functions over pod snapshots (DESIGN.md §2, Scheduling).
 
-The handler builds an `LLMRequest` and calls `schedule(request, pods)` with one snapshot of the
-datastore's pods; it gets a pod back or an `EppError` (429 shed, 503 no endpoints). Two schedulers
+The handler builds an `LLMRequest` and calls `rank(request, pods, limit)` with one snapshot of the
+datastore's pods; it gets the pick back followed by up to `limit - 1` fallbacks from the same
+decision (`schedule` gives the pick alone), or an `EppError` (429 shed, 503 no endpoints). Two schedulers
 share that interface: the v0.3.0 filter tree (`Scheduler`) and the weighted scorers
 (`ScorerScheduler`); `new_scheduler` builds the one the configuration names.
 """

@@ -54,7 +54,8 @@ NO_FRESH_METRICS_MESSAGE = "dropping request: no pod has fresh metrics (older th
 class FreshPodsScheduler:
     """What both schedulers share (module docstring): no pod is 503; only fresh pods are weighed;
     with none fresh, a Critical request gets a uniform draw over all pods and the rest are shed.
-    Subclasses pick among the fresh pods in `_pick`."""
+    Subclasses rank the fresh pods in `_rank`: the pick first, then fallbacks from the same decision
+    (the ext_proc destination is a comma list, primary first)."""
 
     def __init__(
         self,
@@ -71,20 +72,31 @@ class FreshPodsScheduler:
 
     def schedule(self, request: LLMRequest, pods: Sequence[PodMetrics]) -> PodMetrics:
         """One pod for `request`; raises NoEndpoints (503) or ResourceExhausted (429)."""
+        return self.rank(request, pods, 1)[0]
+
+    def rank(self, request: LLMRequest, pods: Sequence[PodMetrics], limit: int) -> list[PodMetrics]:
+        """The pick first, then fallbacks from the same decision, at most `limit` pods in all.
+
+        The first pod is the one `schedule` returns (the same draws from the RNG come first). The
+        fallbacks are fresh pods only, best first (`_rank`); with no pod fresh, a Critical request's
+        fallbacks are the other pods in their given order. Raises as `schedule` does.
+        """
         if not pods:
             where = f" in pool {self._pool_name}" if self._pool_name else ""
             raise NoEndpoints(f"no ready endpoints{where}")
+        limit = max(1, limit)
         threshold = self._config.metrics_staleness_threshold
         now = self._clock()
         # Same test as PodMetrics.is_fresh, inlined: this runs per request over every pod.
         fresh = [p for p in pods if (u := p.metrics.updated_at) is not None and now - u <= threshold]
         if not fresh:
             if request.critical:
-                return self._rng.choice(pods)
+                first = self._rng.choice(pods)
+                return [first, *[p for p in pods if p is not first][: limit - 1]]
             raise ResourceExhausted(NO_FRESH_METRICS_MESSAGE.format(threshold=threshold))
-        return self._pick(request, fresh)
+        return self._rank(request, fresh, limit)
 
-    def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
+    def _rank(self, request: LLMRequest, fresh: list[PodMetrics], limit: int) -> list[PodMetrics]:
         raise NotImplementedError
 
 
@@ -95,8 +107,24 @@ class Scheduler(FreshPodsScheduler):
     def _tree(self) -> FilterNode:
         return build_tree(self._config, self._rng)
 
-    def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
-        survivors = self._tree.run(request, fresh)
+    def _rank(self, request: LLMRequest, fresh: list[PodMetrics], limit: int) -> list[PodMetrics]:
+        """The tree's pick, then what the tree picks among the pods left when the earlier picks are
+        gone, and so on: fallback k is the pod the tree would choose if the k better ones vanished.
+        A run that sheds (no pod left with capacity for a sheddable request) ends the list."""
+        ranked = [self._pick(request, fresh)]
+        left = fresh
+        while len(ranked) < limit:
+            left = [p for p in left if p is not ranked[-1]]
+            if not left:
+                break
+            try:
+                ranked.append(self._pick(request, left))
+            except ResourceExhausted:
+                break
+        return ranked
+
+    def _pick(self, request: LLMRequest, pods: list[PodMetrics]) -> PodMetrics:
+        survivors = self._tree.run(request, pods)
         if not survivors:
             # Unreachable with the v0.3.0 tree (only the drop node ends empty, and it raises).
             raise ResourceExhausted(DROP_MESSAGE)

@@ -213,7 +213,10 @@ class ScorerScheduler(FreshPodsScheduler):
         self._scorers = weighted_scorers(config)
         self._picker = PICKERS[config.scoring_profile.picker]
 
-    def _pick(self, request: LLMRequest, fresh: list[PodMetrics]) -> PodMetrics:
+    def _rank(self, request: LLMRequest, fresh: list[PodMetrics], limit: int) -> list[PodMetrics]:
+        """The profile's picker's choice first (max score: the highest total, ties drawn at random),
+        then the next highest totals from the same scoring; fallbacks with equal totals keep the pods'
+        given order."""
         config = self._config
         if not request.critical and not any(
             p.metrics.waiting_queue_size <= config.queue_threshold_critical
@@ -222,7 +225,14 @@ class ScorerScheduler(FreshPodsScheduler):
         ):
             raise ResourceExhausted(DROP_MESSAGE)
         if len(fresh) == 1:
-            return fresh[0]
-        if self._picker is pick_random:
-            return self._rng.choice(fresh)
-        return self._picker(fresh, _totals(request, fresh, config, self._scorers), self._rng)
+            return [fresh[0]]
+        if self._picker is pick_random and limit == 1:
+            return [self._rng.choice(fresh)]  # no scoring needed for one random pick
+        totals = _totals(request, fresh, config, self._scorers)
+        first = (
+            self._rng.choice(fresh) if self._picker is pick_random else self._picker(fresh, totals, self._rng)
+        )
+        if limit == 1:
+            return [first]
+        rest = sorted((i for i, p in enumerate(fresh) if p is not first), key=lambda i: (-totals[i], i))
+        return [first, *(fresh[i] for i in rest[: limit - 1])]

@@ -103,6 +103,7 @@ _SOURCES = {
     "metrics_path": "--model-server-metrics-path",
     "endpoint_target_ports": "--endpoint-target-ports",
     "endpoint_selector": "--endpoint-selector",
+    "destination_fallbacks": "--destination-endpoint-fallbacks",
 }
 
 
@@ -562,7 +563,21 @@ def _parser() -> _Parser:
         default=defaults.AUTO_EVENT_LOOP,
         help="The event loop: auto (uvloop if installed, else asyncio's), uvloop or asyncio.",
     )
+    _request_protocol_flags(ours)
     return p
+
+
+def _request_protocol_flags(ours: argparse._ArgumentGroup) -> None:
+    """Our knob of the v1 request protocol (epp.handlers); upstream's subset switch is with its flags."""
+    ours.add_argument(
+        "--destination-endpoint-fallbacks",
+        dest="destination_endpoint_fallbacks",
+        type=_typed(int, "int"),
+        default=defaults.DEFAULT_DESTINATION_FALLBACKS,
+        help="Fallback endpoints after the pick in the destination comma list, from the same ranking "
+        f"(default 0, as upstream; {defaults.RECOMMENDED_DESTINATION_FALLBACKS} behind a list-aware "
+        "proxy such as Envoy's override_host; ORIGINAL_DST reads one address and needs 0).",
+    )
 
 
 _NUMBER = re.compile(r"^-\.?\d")
@@ -751,7 +766,6 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str], notes: li
         pool_group=ns.pool_group,
         endpoint_selector=ns.endpoint_selector,
         endpoint_target_ports=tuple(ports),
-        disable_endpoint_subset_filter=ns.disable_endpoint_subset_filter,
         grpc_port=ns.grpc_port,
         grpc_health_port=ns.grpc_health_port,
         metrics_port=ns.metrics_port,
@@ -777,4 +791,6 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str], notes: li
         leader_election=LeaderElectionConfig(
             enabled=bool(ns.ha_enable_leader_election), identity=environ.get("POD_NAME", "")
         ),
+        destination_fallbacks=ns.destination_endpoint_fallbacks,
+        endpoint_subset_filter=not ns.disable_endpoint_subset_filter,
     )

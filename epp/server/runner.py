@@ -401,6 +401,8 @@ class Epp:
             clock=self._clock,
             max_request_body_bytes=config.max_request_body_bytes,
             accounting=accounting,
+            destination_fallbacks=config.destination_fallbacks,
+            endpoint_subset_filter=config.endpoint_subset_filter,
         )
         # Registered before the ext_proc server, so it runs after the server has stopped (reverse
         # order): streams in their grace period may still be scanning a body.

@@ -21,7 +21,13 @@ and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc
 * the listener is the edge (``use_remote_address``) and every ``x-envoy-*`` header a client sends is
   removed before routing, so a client cannot set Envoy's retries, timeouts or original destination;
 * cluster ``model_servers``: ORIGINAL_DST whose destination comes only from the ``envoy.lb``
-  dynamic metadata key ``x-gateway-destination-endpoint``, so a client-sent header cannot steer;
+  dynamic metadata key ``x-gateway-destination-endpoint``, so a client-sent header cannot steer
+  (it reads one address: an EPP must send no fallbacks); with ``EnvoyOptions.model_server_endpoints``
+  instead a list-aware gateway: a STATIC cluster of those endpoints with Envoy's override_host policy,
+  which takes the EPP's comma list from the same metadata and retries on its fallbacks;
+* ``EnvoyOptions.v1()``: the v1 protocol as upstream's test envoy.yaml sets it (both bodies
+  FULL_DUPLEX_STREAMED, response headers and trailers SEND, message_timeout 1000 s);
+  ``subset_hint_header`` turns a test header into the subset hint metadata the EPP reads;
 * ``per_connection_buffer_limit_bytes`` = the EPP's body limit (16 MiB by default, both sides), so
   a BUFFERED multi-MiB prompt passes and a bigger one gets the same readable 413 from either. The
   EPP derives its gRPC message limit from the same number (grpcio's 4 MiB default would otherwise
@@ -71,6 +77,8 @@ with warnings.catch_warnings():
         ClusterLbPolicy,
         ClusterOriginalDstLbConfig,
         ClusterTransportSocketMatch,
+        LoadBalancingPolicy,
+        LoadBalancingPolicyPolicy,
     )
     from envoy_data_plane.envoy.config.common.mutation_rules.v3 import (
         HeaderMutation,
@@ -106,6 +114,9 @@ with warnings.catch_warnings():
     )
     from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
     from envoy_data_plane.envoy.config.route.v3 import (
+        RetryPolicy as RouteRetryPolicy,
+    )
+    from envoy_data_plane.envoy.config.route.v3 import (
         Route,
         RouteAction,
         RouteConfiguration,
@@ -121,6 +132,18 @@ with warnings.catch_warnings():
         ProcessingModeBodySendMode,
         ProcessingModeHeaderSendMode,
     )
+    from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+        Config as HeaderToMetadata,
+    )
+    from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+        ConfigKeyValuePair as HeaderToMetadataKeyValuePair,
+    )
+    from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+        ConfigRule as HeaderToMetadataRule,
+    )
+    from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+        ConfigValueType as HeaderToMetadataValueType,
+    )
     from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
     from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
         HttpConnectionManager,
@@ -132,6 +155,11 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutation.v3 import (
         HeaderMutation as EarlyHeaderMutation,
     )
+    from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
+        OverrideHost,
+        OverrideHostOverrideHostSource,
+    )
+    from envoy_data_plane.envoy.extensions.load_balancing_policies.round_robin.v3 import RoundRobin
     from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import PreviousHostsPredicate
     from envoy_data_plane.envoy.extensions.transport_sockets.raw_buffer.v3 import RawBuffer
     from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
@@ -174,8 +202,14 @@ ACCESS_LOG_FLUSH_MS: Final = 100
 # Prefix of the shared-memory file of Envoy's hot restart; the suffix is base id * 10.
 _HOT_RESTART_SHM_PREFIX: Final = "/dev/shm/envoy_shared_memory_"
 
-BodyMode = Literal["NONE", "STREAMED", "BUFFERED"]
+BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "FULL_DUPLEX_STREAMED"]
 RequestBodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
+HeaderMode = Literal["SEND", "SKIP"]
+# The proxy's subset hint (upstream v1 protocol): request metadata the EPP reads.
+SUBSET_HINT_NAMESPACE: Final = "envoy.lb.subset_hint"
+SUBSET_HINT_KEY: Final = "x-gateway-destination-endpoint-subset"
+# Upstream's test envoy.yaml (v1.0.0 … v1.5.0) waits this long for each ext_proc reply.
+V1_MESSAGE_TIMEOUT_S: Final = 1000.0
 
 # One JSON object per request in the access log.
 ACCESS_LOG_FORMAT: Final[dict[str, str]] = {
@@ -226,6 +260,8 @@ class EnvoyOptions:
     """Knobs of the generated bootstrap."""
 
     response_body_mode: BodyMode = "NONE"
+    # SEND when the EPP should see the response headers (status, content-type for usage accounting).
+    response_header_mode: HeaderMode = "SKIP"
     # BUFFERED (DESIGN.md §2): ours, and upstream v0.3.0's default buffered server.
     # FULL_DUPLEX_STREAMED (one round trip per request): ours too, and upstream's streaming server
     # (v0.3.0 with USE_STREAMING=true; the only one from v0.4.0). See the module docstring.
@@ -253,6 +289,30 @@ class EnvoyOptions:
     # `Envoy.set_ext_proc_replicas` rewrites: how a gateway follows a Deployment's pods as they are
     # replaced (their Service's EndpointSlices). Otherwise the replicas are fixed at start (STATIC).
     ext_proc_dynamic_endpoints: bool = False
+    # Tests of the v1 subset hint: a request header of this name becomes the subset metadata
+    # (`envoy.lb.subset_hint` / `x-gateway-destination-endpoint-subset`, the header's value as a
+    # string) before ext_proc, which forwards that namespace to the EPP; the header itself is
+    # removed. A gateway sets the metadata from its own knowledge; a test says it per request.
+    subset_hint_header: str | None = None
+    # A list-aware gateway (the v1 destination is a comma list, the pick first): the model servers'
+    # cluster holds these "ip:port" endpoints and Envoy's override_host policy takes the EPP's list
+    # from the metadata, the first endpoint first and the next ones on retries (`fallback_retries`
+    # of them, on connect failure or reset). Empty: ORIGINAL_DST, which reads one address only.
+    model_server_endpoints: tuple[str, ...] = ()
+    fallback_retries: int = 2
+
+    @classmethod
+    def v1(cls, **overrides: Any) -> EnvoyOptions:
+        """The v1 protocol as upstream's test envoy.yaml deploys it (v1.0.0 … v1.5.0): request and
+        response headers SEND, both bodies FULL_DUPLEX_STREAMED, trailers SEND both ways,
+        message_timeout 1000 s. `overrides` are any other fields."""
+        settings: dict[str, Any] = {
+            "request_body_mode": "FULL_DUPLEX_STREAMED",
+            "response_body_mode": "FULL_DUPLEX_STREAMED",
+            "response_header_mode": "SEND",
+            "message_timeout_s": V1_MESSAGE_TIMEOUT_S,
+        }
+        return cls(**{**settings, **overrides})
 
 
 def _seconds(value: float) -> dt.timedelta:
@@ -269,10 +329,13 @@ def _string_struct(fields: dict[str, str]) -> Struct:
 
 def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
     """The ext_proc filter config: request headers SEND, the body in ``options.request_body_mode``
-    (with trailers SEND both ways in full duplex), response headers SKIP."""
+    (with trailers SEND both ways in full duplex; Envoy requires them for a full duplex body),
+    response headers and body as ``options`` say."""
     header = ProcessingModeHeaderSendMode
     body = ProcessingModeBodySendMode
     duplex = options.request_body_mode == "FULL_DUPLEX_STREAMED"
+    response_duplex = options.response_body_mode == "FULL_DUPLEX_STREAMED"
+    forwarded = [SUBSET_HINT_NAMESPACE] if options.subset_hint_header else []
     return ExternalProcessor(
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
@@ -287,15 +350,83 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
         processing_mode=ProcessingMode(
             request_header_mode=header.SEND,
             request_body_mode=body[options.request_body_mode],
-            response_header_mode=header.SKIP,
+            response_header_mode=header[options.response_header_mode],
             response_body_mode=body[options.response_body_mode],
             request_trailer_mode=header.SEND if duplex else header.SKIP,
-            response_trailer_mode=header.SEND if duplex else header.SKIP,
+            response_trailer_mode=header.SEND if duplex or response_duplex else header.SKIP,
         ),
         metadata_options=MetadataOptions(
-            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE])
+            forwarding_namespaces=MetadataOptionsMetadataNamespaces(untyped=forwarded) if forwarded else None,
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE]),
         ),
         allow_content_length_header=duplex,
+    )
+
+
+def override_host_cluster(options: EnvoyOptions) -> Cluster:
+    """The model servers as a list-aware gateway has them: a STATIC cluster of the pool's endpoints
+    whose override_host policy reads the EPP's comma list from `envoy.lb` metadata (never a client
+    header); with no list it falls back to round robin (the fail-closed EPP always sends one)."""
+    endpoints = [_split_host_port(e) for e in options.model_server_endpoints]
+    fallback = LoadBalancingPolicy(
+        policies=[
+            LoadBalancingPolicyPolicy(
+                typed_extension_config=TypedExtensionConfig(
+                    name="envoy.load_balancing_policies.round_robin", typed_config=AnyProto.pack(RoundRobin())
+                )
+            )
+        ]
+    )
+    override = OverrideHost(
+        override_host_sources=[
+            OverrideHostOverrideHostSource(
+                metadata=MetadataKey(
+                    key=DESTINATION_NAMESPACE, path=[MetadataKeyPathSegment(key=DESTINATION_HEADER)]
+                )
+            )
+        ],
+        fallback_policy=fallback,
+    )
+    return Cluster(
+        name=MODEL_SERVERS_CLUSTER,
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=_seconds(options.connect_timeout_s),
+        per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
+        load_balancing_policy=LoadBalancingPolicy(
+            policies=[
+                LoadBalancingPolicyPolicy(
+                    typed_extension_config=TypedExtensionConfig(
+                        name="envoy.load_balancing_policies.override_host",
+                        typed_config=AnyProto.pack(override),
+                    )
+                )
+            ]
+        ),
+        load_assignment=ClusterLoadAssignment(
+            cluster_name=MODEL_SERVERS_CLUSTER,
+            endpoints=[
+                LocalityLbEndpoints(
+                    lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=_socket(h, p))) for h, p in endpoints]
+                )
+            ],
+        ),
+    )
+
+
+def subset_hint_filter(header_name: str) -> HttpFilter:
+    """header_to_metadata: the request header `header_name` → the subset hint metadata (a string)."""
+    rule = HeaderToMetadataRule(
+        header=header_name,
+        on_header_present=HeaderToMetadataKeyValuePair(
+            metadata_namespace=SUBSET_HINT_NAMESPACE,
+            key=SUBSET_HINT_KEY,
+            type=HeaderToMetadataValueType.STRING,
+        ),
+        remove=True,
+    )
+    return HttpFilter(
+        name="envoy.filters.http.header_to_metadata",
+        typed_config=AnyProto.pack(HeaderToMetadata(request_rules=[rule])),
     )
 
 
@@ -420,7 +551,13 @@ def ext_proc_tls_context(tls: ExtProcTls) -> UpstreamTlsContext:
 
 
 def _model_servers_route(options: EnvoyOptions) -> RouteConfiguration:
-    """Every path to the model servers' cluster, with the route timeout (LLM answers take long)."""
+    """Every path to the model servers' cluster, with the route timeout (LLM answers take long);
+    behind a list-aware cluster, retries that walk the EPP's fallbacks."""
+    retries = None
+    if options.model_server_endpoints and options.fallback_retries > 0:
+        retries = RouteRetryPolicy(
+            retry_on="connect-failure,reset,refused-stream", num_retries=options.fallback_retries
+        )
     return RouteConfiguration(
         name="model_servers_route",
         virtual_hosts=[
@@ -431,7 +568,9 @@ def _model_servers_route(options: EnvoyOptions) -> RouteConfiguration:
                     Route(
                         match=RouteMatch(prefix="/"),
                         route=RouteAction(
-                            cluster=MODEL_SERVERS_CLUSTER, timeout=_seconds(options.route_timeout_s)
+                            cluster=MODEL_SERVERS_CLUSTER,
+                            timeout=_seconds(options.route_timeout_s),
+                            retry_policy=retries,
                         ),
                     )
                 ],
@@ -489,6 +628,8 @@ def build_bootstrap(
             name="envoy.filters.http.ext_proc", typed_config=AnyProto.pack(ext_proc_filter(options))
         )
         http_filters.insert(0, ext_proc)
+        if options.subset_hint_header:
+            http_filters.insert(0, subset_hint_filter(options.subset_hint_header))
     hcm = HttpConnectionManager(
         stat_prefix="ingress",
         codec_type=HttpConnectionManagerCodecType.AUTO,
@@ -581,6 +722,8 @@ def build_bootstrap(
             )
         ),
     )
+    if options.model_server_endpoints:
+        model_servers = override_host_cluster(options)
     if options.direct_upstream is not None:
         upstream_host, upstream_port = _split_host_port(options.direct_upstream)
         model_servers = Cluster(

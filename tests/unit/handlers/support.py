@@ -42,25 +42,29 @@ POOL_PORT = 8000
 
 
 class ScriptedScheduler:
-    """Picks the pod named `pick` at rank `pick_rank` (else the first) or raises `error`; records every
-    request."""
+    """Ranks the pod named `pick` at rank `pick_rank` first (else the first pod), the others after it
+    in their order, or raises `error`; records every request, the candidates it was given and the limit."""
 
     def __init__(self) -> None:
         self.pick: str | None = None
         self.pick_rank = 0
         self.error: BaseException | None = None
         self.requests: list[LLMRequest] = []
+        self.candidates: list[list[str]] = []
+        self.limits: list[int] = []
 
-    def schedule(self, request: LLMRequest, pods: Sequence[PodMetrics]) -> PodMetrics:
+    def rank(self, request: LLMRequest, pods: Sequence[PodMetrics], limit: int) -> list[PodMetrics]:
         self.requests.append(request)
+        self.candidates.append([p.pod.key.name for p in pods])
+        self.limits.append(limit)
         if self.error is not None:
             # A fresh exception each time: a stored one would keep its traceback's frames (and with
             # them the gRPC server) alive in a reference cycle after the test.
             raise type(self.error)(*self.error.args)
-        for pod in pods:
-            if pod.pod.key.name == self.pick and pod.pod.key.rank == self.pick_rank:
-                return pod
-        return pods[0]
+        first = next(
+            (p for p in pods if p.pod.key.name == self.pick and p.pod.key.rank == self.pick_rank), pods[0]
+        )
+        return [first, *[p for p in pods if p is not first]][: max(1, limit)]
 
 
 _typed: PodScheduler = ScriptedScheduler()
@@ -82,6 +86,9 @@ class Env:
     # The routing memory (in flight per pod, prefixes per pod) in the datastore; off by default.
     accounting: bool = False
     prefix_aware: bool = False
+    # The v1 protocol's knobs, as the servicer takes them (its defaults: the pick alone, subset on).
+    fallbacks: int = 0
+    subset_filter: bool = True
     _servicer: ExtProcServicer | None = None
 
     def servicer(self) -> ExtProcServicer:
@@ -106,6 +113,8 @@ class Env:
                 if self.accounting
                 else NO_ACCOUNTING
             ),
+            destination_fallbacks=self.fallbacks,
+            endpoint_subset_filter=self.subset_filter,
         )
 
     def _tick(self) -> float:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 
 from epp.api import EndpointKey, InferencePool, NamespacedName, PodObject
+from epp.api.types import V1ALPHA2_GROUP
 from epp.datastore import Datastore, Metrics, PodMetrics, new_datastore
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import KubeClient
@@ -56,7 +57,9 @@ def test_initial_sync_then_events_flow_to_the_datastore() -> None:
         async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
             populate(server)
             store = new_datastore()
-            controllers = Controllers(client, store, POOL_KEY, sleep=RecordingSleep())
+            controllers = Controllers(
+                client, store, POOL_KEY, pool_group=V1ALPHA2_GROUP, sleep=RecordingSleep()
+            )
             assert not controllers.has_synced
             task = asyncio.create_task(controllers.run(), name="controllers")
 
@@ -162,7 +165,9 @@ def test_failed_reconcile_is_retried() -> None:
             flaky = FlakyStore(fail=2)
             store: Datastore = flaky
             sleep = RecordingSleep()
-            controllers = Controllers(client, store, POOL_KEY, retry_backoff=FAST_RETRY, sleep=sleep)
+            controllers = Controllers(
+                client, store, POOL_KEY, pool_group=V1ALPHA2_GROUP, retry_backoff=FAST_RETRY, sleep=sleep
+            )
             task = asyncio.create_task(controllers.run(), name="controllers")
 
             async def pool_known() -> None:
@@ -186,7 +191,9 @@ def test_cancel_before_sync_leaves_nothing_running() -> None:
         async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
             server.list_faults.extend(["500"] * 3)
             sleep = BlockingSleep()
-            controllers = Controllers(client, new_datastore(), POOL_KEY, sleep=sleep)
+            controllers = Controllers(
+                client, new_datastore(), POOL_KEY, pool_group=V1ALPHA2_GROUP, sleep=sleep
+            )
             task = asyncio.create_task(controllers.run(), name="controllers")
 
             async def retried() -> None:
@@ -204,7 +211,9 @@ def test_cancel_before_sync_leaves_nothing_running() -> None:
 def test_run_twice_is_refused() -> None:
     async def main() -> None:
         async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
-            controllers = Controllers(client, new_datastore(), POOL_KEY, sleep=RecordingSleep())
+            controllers = Controllers(
+                client, new_datastore(), POOL_KEY, pool_group=V1ALPHA2_GROUP, sleep=RecordingSleep()
+            )
             task = asyncio.create_task(controllers.run(), name="controllers")
             await asyncio.wait_for(controllers.wait_synced(), WAIT)
             with pytest.raises(RuntimeError):

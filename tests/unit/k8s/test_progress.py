@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from epp.api import NamespacedName, ObjectReader
+from epp.api.types import V1ALPHA2_GROUP
 from epp.controller import PodReconciler
 from epp.datastore import Datastore, new_datastore
 from epp.k8s.backoff import BackoffPolicy
@@ -72,6 +73,7 @@ async def running() -> AsyncIterator[Running]:
             client,
             store,
             POOL_KEY,
+            pool_group=V1ALPHA2_GROUP,
             sleep=RecordingSleep(),
             retry_backoff=FAST_RETRY,
             reconcilers=Reconcilers(pod=gated.factory),

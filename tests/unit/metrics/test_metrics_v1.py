@@ -88,9 +88,9 @@ def test_scheduler_time_is_recorded_for_every_decision_failed_ones_too() -> None
     )
     request = LLMRequest("m", "m", critical=True)
     pods = [pm("p1"), pm("p2")]
-    assert timed.schedule(request, pods) in pods
+    assert timed.rank(request, pods, 1)[0] in pods
     with pytest.raises(NoEndpoints):
-        timed.schedule(request, [])
+        timed.rank(request, [], 1)
     name = "inference_extension_scheduler_e2e_duration_seconds"
     assert registry.get_sample_value(f"{name}_count") == 2
     assert registry.get_sample_value(f"{name}_sum") == pytest.approx(0.0035)

@@ -187,7 +187,7 @@ def test_upstream_v1_defaults() -> None:
         0,
         True,
     )
-    assert not c.disable_endpoint_subset_filter
+    assert c.endpoint_subset_filter
     assert not c.enable_cert_reload
     assert not c.leader_election.enabled
     assert c.scheduler.profile is None  # no config: our measured default
@@ -309,7 +309,7 @@ def test_model_server_metrics_flags_reach_the_prober() -> None:
         9100,
         False,
     )
-    assert c.disable_endpoint_subset_filter
+    assert not c.endpoint_subset_filter
 
 
 def test_a_config_file_and_the_scheduler_flag_cannot_both_choose() -> None:

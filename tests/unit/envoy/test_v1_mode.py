@@ -1,0 +1,99 @@
+"""`EnvoyOptions.v1()`: the bootstrap of upstream's test envoy.yaml (v1.0.0 … v1.5.0), accepted by Envoy.
+
+Full duplex both ways, response headers SEND, trailers SEND both ways, message_timeout 1000 s; with
+`subset_hint_header`, a header_to_metadata filter ahead of ext_proc makes the subset hint metadata and
+ext_proc forwards that namespace to the EPP.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.base.binaries import envoy_path
+from harness.base.ports import reserve_port
+from harness.cluster.certs import TinyCA
+from harness.dataplane.envoy import (
+    SUBSET_HINT_KEY,
+    SUBSET_HINT_NAMESPACE,
+    EnvoyOptions,
+    ExtProcTls,
+    bootstrap_json,
+    build_bootstrap,
+)
+
+SUBSET_HEADER = "x-test-subset"
+
+
+def http_filters(tmp_path: Path, options: EnvoyOptions) -> list[dict[str, Any]]:
+    """The listener's HTTP filters, after Envoy has validated the whole bootstrap."""
+    bootstrap = build_bootstrap(
+        listener_port=18080,
+        admin_port=19901,
+        ext_proc_host="127.0.0.1",
+        ext_proc_port=9002,
+        access_log_path=tmp_path / "access.log",
+        options=options,
+        ext_proc_tls=ExtProcTls(ca_pem=TinyCA().cert_pem, server_name="epp.harness-test.svc"),
+    )
+    config = tmp_path / "bootstrap.json"
+    config.write_text(bootstrap_json(bootstrap))
+    with reserve_port() as base_id:
+        result = subprocess.run(
+            [str(envoy_path()), "--mode", "validate", "-c", str(config), "--base-id", str(base_id.port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    listener = json.loads(config.read_text())["staticResources"]["listeners"][0]
+    hcm = listener["filterChains"][0]["filters"][0]["typedConfig"]
+    filters: list[dict[str, Any]] = hcm["httpFilters"]
+    return filters
+
+
+@pytest.mark.parametrize(
+    ("options", "names"),
+    [
+        pytest.param(EnvoyOptions.v1(), ["ext_proc", "router"], id="v1"),
+        pytest.param(
+            EnvoyOptions.v1(subset_hint_header=SUBSET_HEADER),
+            ["header_to_metadata", "ext_proc", "router"],
+            id="v1-with-subset-hint-header",
+        ),
+    ],
+)
+def test_v1_mode_is_upstreams_test_envoy(tmp_path: Path, options: EnvoyOptions, names: list[str]) -> None:
+    filters = http_filters(tmp_path, options)
+    assert [f["name"].rsplit(".", 1)[-1] for f in filters] == names
+    ext_proc = filters[names.index("ext_proc")]["typedConfig"]
+    assert ext_proc["processingMode"] == {
+        "requestHeaderMode": "SEND",
+        "responseHeaderMode": "SEND",
+        "requestBodyMode": "FULL_DUPLEX_STREAMED",
+        "responseBodyMode": "FULL_DUPLEX_STREAMED",
+        "requestTrailerMode": "SEND",
+        "responseTrailerMode": "SEND",
+    }
+    assert ext_proc["messageTimeout"] == "1000s"
+    forwarded = ext_proc["metadataOptions"].get("forwardingNamespaces", {}).get("untyped", [])
+    assert forwarded == ([SUBSET_HINT_NAMESPACE] if options.subset_hint_header else [])
+    if options.subset_hint_header:
+        (rule,) = filters[0]["typedConfig"]["requestRules"]
+        assert rule["header"] == SUBSET_HEADER
+        assert rule["remove"] is True
+        present = rule["onHeaderPresent"]
+        assert (present["metadataNamespace"], present["key"]) == (SUBSET_HINT_NAMESPACE, SUBSET_HINT_KEY)
+
+
+def test_the_default_stays_the_v1alpha2_buffered_set_up(tmp_path: Path) -> None:
+    (ext_proc, _) = http_filters(tmp_path, EnvoyOptions())
+    mode = ext_proc["typedConfig"]["processingMode"]
+    assert mode["requestBodyMode"] == "BUFFERED"
+    assert mode["responseHeaderMode"] == "SKIP"
+    assert "responseBodyMode" not in mode  # NONE, the proto default
