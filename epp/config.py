@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from epp.api.types import DEFAULT_POOL_GROUP, POOL_GROUPS
+from epp.h2.limits import Limits
 
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_GRPC_HEALTH_PORT = 9003
@@ -252,6 +253,8 @@ class ServerConfig:
     shutdown_delay: float = DEFAULT_SHUTDOWN_DELAY
     shutdown_grace_period: float = DEFAULT_SHUTDOWN_GRACE_PERIOD
     leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
+    # The ext_proc port's HTTP/2 limits (`--h2-*`); its message limit comes from max_request_body_bytes.
+    h2: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         _positive("refresh_prometheus_metrics_interval", self.refresh_prometheus_metrics_interval)

@@ -45,6 +45,10 @@ class FakeTransport:
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
         self.closed = False
+        self.aborted = False
+        self.reading = True
+        self.buffered = 0  # what get_write_buffer_size answers (the peer has not read that much)
+        self.high_water: int | None = None
 
     def write(self, data: bytes) -> None:
         assert not self.closed, "write after close"
@@ -52,6 +56,21 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high_water = high
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def is_closing(self) -> bool:
         return self.closed

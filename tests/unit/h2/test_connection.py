@@ -318,7 +318,7 @@ PROTOCOL_VIOLATIONS = [
     pytest.param(f.window_update(0, f.MAX_WINDOW), f.FLOW_CONTROL_ERROR, id="window-overflow"),
     pytest.param(f.window_update(0, 0), f.PROTOCOL_ERROR, id="window-update-of-zero"),
     pytest.param(f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"), f.PROTOCOL_ERROR, id="push"),
-    pytest.param(f.frame(f.PING, 0, 0, b"short"), f.PROTOCOL_ERROR, id="ping-length"),
+    pytest.param(f.frame(f.PING, 0, 0, b"short"), f.FRAME_SIZE_ERROR, id="ping-length"),
     pytest.param(
         b"\x10\x00\x01" + b"\x00\x00\x00\x00\x00\x01", f.FRAME_SIZE_ERROR, id="frame-over-the-limit"
     ),
@@ -345,9 +345,10 @@ def test_a_connection_without_the_http2_preface_is_refused() -> None:
 def test_a_broken_stream_does_not_end_the_connection() -> None:
     wire = Wire()
     sid = wire.open()
-    wire.send(sid, b"one", end=True)
+    wire.send(sid, b"end")  # the server ends the stream and resets the client's half
     wire.pump()
-    wire.raw(f.window_update(sid, 5))  # a closed stream: frames in flight are expected
+    assert wire.results[sid].reset == f.NO_ERROR
+    wire.raw(f.window_update(sid, 5))  # a stream we closed: frames in flight are expected
     wire.raw(f.frame(f.DATA, 0, sid, b"late"))
     assert not wire.transport.closed
     other = wire.open()
