@@ -17,8 +17,8 @@ method: UNIMPLEMENTED; a handler's ``StreamError``: its status; any other except
 What bounds a peer's cost (``Limits``; GOAWAY ENHANCE_YOUR_CALM past a rate or cap):
 - streams: SETTINGS_MAX_CONCURRENT_STREAMS is advertised, a stream past it is REFUSED_STREAM;
 - memory: receive windows are credited back only for bytes handed to a handler or dropped (the
-  message being assembled counts against the connection window, which holds at least one largest
-  message; should incomplete messages fill three quarters of it, the stream that adds more ends
+  message being assembled counts against the connection window, which holds at least two largest
+  messages; should incomplete messages fill it to within a frame, the stream that adds more ends
   RESOURCE_EXHAUSTED instead of the connection stalling);
 - output: reading stops while the transport's write buffer is above its high-water mark, and control
   replies (PING and SETTINGS ACKs, RST_STREAM) queued behind a peer that does not read are capped;
@@ -115,8 +115,9 @@ class Connection(asyncio.Protocol):
         self._header_frames = 0
         self._last_stream = 0
         self._inflow = Inbound(limits.effective_connection_window)
-        # Incomplete messages past this much of the connection window end their stream (see above).
-        self._held_limit = self._inflow.size - (self._inflow.size >> 2)
+        # Incomplete messages filling the connection window to within a frame end the stream that
+        # adds more: the peer could not send another byte, and no message could be completed.
+        self._held_limit = self._inflow.size - limits.max_frame_bytes
         self._send_window = f.DEFAULT_WINDOW
         self._peer_initial_window = f.DEFAULT_WINDOW
         self._max_send_credit = 0  # at least every open stream's send_credit

@@ -43,9 +43,10 @@ class Limits:
 
     Windows: the peer gets ``stream_window`` per stream (SETTINGS_INITIAL_WINDOW_SIZE) and
     ``connection_window`` in all; both are topped up only as the bytes are consumed (see
-    ``epp.h2.flow``). The connection window is raised to hold at least one largest message, else such
-    a message could never arrive. Rates are per second with a burst of one second's worth; a peer
-    over one gets GOAWAY ENHANCE_YOUR_CALM. Timeouts are seconds; 0 turns one off.
+    ``epp.h2.flow``). The connection window is raised to hold at least two largest messages, else
+    such a message could not arrive beside another. Rates are per second with a burst of one
+    second's worth; a peer over one gets GOAWAY ENHANCE_YOUR_CALM. Timeouts are seconds; 0 turns one
+    off.
     """
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -94,6 +95,7 @@ class Limits:
 
     @property
     def effective_connection_window(self) -> int:
-        """``connection_window``, raised to fit one largest message and one frame beside it."""
-        needed = self.max_message_bytes + 5 + self.max_frame_bytes
+        """``connection_window``, raised to hold two largest messages and a frame: two messages may be
+        assembled at once before incomplete messages are cut short (within a frame of the window)."""
+        needed = 2 * (self.max_message_bytes + 5) + self.max_frame_bytes
         return min(f.MAX_WINDOW, max(self.connection_window, needed))
