@@ -714,14 +714,22 @@ class Connection(asyncio.Protocol):
         except BaseException as exc:
             self._handler_failed(stream, exc)
             return
-        task = asyncio.get_running_loop().create_task(self._run_suspended(stream, coro, pending))
+        # A future yielded by an ``await`` stays marked "blocking" until a task takes it; until this
+        # one's task runs, another stream awaiting the same future would fail ("await wasn't used
+        # with future"). Unmarked here, marked again when the task takes it (``continue_coroutine``).
+        blocking = getattr(pending, "_asyncio_future_blocking", False)
+        if blocking:
+            pending._asyncio_future_blocking = False
+        task = asyncio.get_running_loop().create_task(self._run_suspended(stream, coro, pending, blocking))
         stream.task = task
         self._tasks.add(task)
         task.add_done_callback(functools.partial(self._suspended_done, stream, coro))
 
-    async def _run_suspended(self, stream: _Stream, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
+    async def _run_suspended(
+        self, stream: _Stream, coro: Coroutine[Any, Any, Any], pending: Any, blocking: bool
+    ) -> None:
         try:
-            result = await _continue(coro, pending)
+            result = await _continue(coro, pending, blocking)
         except asyncio.CancelledError:
             raise  # `_suspended_done` cleans up
         except BaseException as exc:

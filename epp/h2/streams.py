@@ -93,8 +93,15 @@ class Stream:
 
 
 @types.coroutine
-def continue_coroutine(coro: Coroutine[Any, Any, Any], pending: Any) -> Generator[Any, Any, Any]:
-    """Run the rest of a coroutine that was stepped by hand and suspended on ``pending``."""
+def continue_coroutine(
+    coro: Coroutine[Any, Any, Any], pending: Any, blocking: bool = False
+) -> Generator[Any, Any, Any]:
+    """Run the rest of a coroutine that was stepped by hand and suspended on ``pending`` (a future
+    whose "blocking" mark was taken off when ``blocking``: it is put back for the task to see)."""
+    if blocking and not pending.done():
+        pending._asyncio_future_blocking = True
+    elif blocking:  # done meanwhile: the coroutine resumes at once, as a task would resume it
+        pending = None
     while True:
         try:
             sent = yield pending

@@ -225,6 +225,24 @@ async def _test_a_suspended_handle_keeps_later_messages_waiting_in_order() -> No
     assert handler.closed == 1
 
 
+def test_streams_suspended_on_the_same_future_in_one_pass_all_resume() -> None:
+    asyncio.run(_test_streams_suspended_on_the_same_future_in_one_pass_all_resume())
+
+
+async def _test_streams_suspended_on_the_same_future_in_one_pass_all_resume() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    streams = [wire.open() for _ in range(3)]
+    for sid in streams:
+        wire.send(sid, b"wait", end=True)
+    wire.pump()  # one pass: the three handlers await the same future before any task runs
+    gate.set_result(None)
+    await wire.settle()
+    assert [(wire.results[sid].replies, wire.results[sid].status) for sid in streams] == [
+        ([b"re:wait"], 0)
+    ] * 3
+
+
 def test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler_once() -> None:
     asyncio.run(_test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler_once())
 
