@@ -141,6 +141,7 @@ class Connection(asyncio.Protocol):
         self._header_timer: Timer | None = None
         self._idle_timer: Timer | None = None
         self._stall_timer: Timer | None = None
+        self._linger_timer: Timer | None = None
         self.idle = asyncio.Event()  # no open stream (the server's graceful stop waits for it)
         self.idle.set()
         self._lost = asyncio.Event()
@@ -209,9 +210,17 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        for timer in (self._preface_timer, self._header_timer, self._idle_timer, self._stall_timer):
+        timers = (
+            self._preface_timer,
+            self._header_timer,
+            self._idle_timer,
+            self._stall_timer,
+            self._linger_timer,
+        )
+        for timer in timers:
             _cancel(timer)
         self._preface_timer = self._header_timer = self._idle_timer = self._stall_timer = None
+        self._linger_timer = None
         for stream in list(self._streams.values()):
             self._drop(stream)
         self._streams.clear()
@@ -322,11 +331,20 @@ class Connection(asyncio.Protocol):
         self._write(f.goaway(self._last_stream, code, why.encode("utf-8", "replace")[:256]))
         self._flush_out()
         self._closed = True
-        if self._transport is not None:
-            if self._writing_paused:
-                self._transport.abort()  # the peer reads nothing: do not wait for the buffer to drain
-            else:
-                self._transport.close()
+        for stream in list(self._streams.values()):
+            self._drop(stream)
+        self._streams.clear()
+        transport = self._transport
+        if transport is None:
+            return
+        if self._writing_paused:
+            transport.abort()  # the peer reads nothing: do not wait for the buffer to drain
+            return
+        # Closed with the peer's bytes unread, the socket would be reset, and the GOAWAY still on
+        # its way lost with it: what arrives is read (and dropped) for a moment first, as Go does.
+        self._linger_timer = self._arm(GOAWAY_GRACE, transport.close)
+        if self._linger_timer is None:
+            transport.close()
 
     def _spend(self, rate: Rate, what: str) -> None:
         if not rate.spend(self._now()):
@@ -766,6 +784,9 @@ class Connection(asyncio.Protocol):
         if stream.task is task:
             stream.task = None
         if not task.cancelled():
+            return
+        if getattr(coro, "cr_frame", True) is None:  # it ran to its end in the task (cancelled there)
+            self._release(stream)
             return
         try:
             coro.throw(asyncio.CancelledError())

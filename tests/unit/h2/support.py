@@ -19,6 +19,7 @@ from hpack import Encoder
 
 from epp.h2 import frames as f
 from epp.h2.connection import Connection, GrpcStream, Limits
+from epp.h2.limits import GOAWAY_GRACE
 
 PATH = "/test.Echo/Chat"
 
@@ -305,6 +306,11 @@ class Wire:
                 result.ended = True
             elif isinstance(event, h2.events.StreamReset):
                 result.reset = event.error_code
+
+    def ended(self) -> bool:
+        """Whether the server closed the connection, once a GOAWAY's linger is over."""
+        self.clock.advance(GOAWAY_GRACE)
+        return self.transport.closed
 
     def lose(self) -> None:
         self.transport.close()

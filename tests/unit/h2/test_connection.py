@@ -348,7 +348,7 @@ def test_a_protocol_violation_ends_the_connection_with_goaway(data: bytes, code:
     wire = Wire(limits=Limits(max_frame_bytes=f.DEFAULT_MAX_FRAME))
     wire.raw(data)
     assert goaway_code(wire.transport.take()) == code
-    assert wire.transport.closed
+    assert wire.ended()
 
 
 def test_a_connection_without_the_http2_preface_is_refused() -> None:
