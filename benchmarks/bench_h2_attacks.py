@@ -6,7 +6,8 @@ of `tests/unit/h2/attacks.py` at a time, over one connection or, for the connect
 many), and this driver, which meanwhile sends real ext_proc requests (3 messages each, one after
 another, on its own connection) and samples the server's RSS. Loopback only, every attack bounded
 in frames and seconds. Targets (issue 21): RSS growth ≤ 8 MiB per attacking connection, a normal
-request's added p99 latency ≤ 50 ms. Prints, never asserts.
+request's added p99 latency ≤ 50 ms. "+CPU s" is the server's CPU time during the attack less what
+the probe alone costs (measured before the attacks). Prints, never asserts.
 
     .venv/bin/python benchmarks/bench_h2_attacks.py [--only rapid-reset,hpack-bomb] [--seconds 10]
 
@@ -177,10 +178,12 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def measure(
-    name: str, port: int, pid: int, cert_dir: Path, seconds: float, probe: Probe
+    name: str, port: int, pid: int, cert_dir: Path, seconds: float, probe: Probe, probe_cpu: float
 ) -> dict[str, Any]:
+    """One attack; ``probe_cpu``: the server's CPU seconds per second that the probe alone costs."""
     rss_before = _rss_bytes(pid)
     cpu_before = bench_ext_proc.server_cpu_seconds(pid)
+    wall_before = time.monotonic()
     attacker = await asyncio.create_subprocess_exec(
         sys.executable,
         __file__,
@@ -220,7 +223,9 @@ async def measure(
     result.update(
         rss_growth=(peak - rss_before) / 2**20,
         rss_after=(_rss_bytes(pid) - rss_before) / 2**20,
-        cpu=bench_ext_proc.server_cpu_seconds(pid) - cpu_before,
+        cpu=bench_ext_proc.server_cpu_seconds(pid)
+        - cpu_before
+        - probe_cpu * (time.monotonic() - wall_before),
         p50=_percentile(latencies, 0.5) * 1e3,
         p99=_percentile(latencies, 0.99) * 1e3,
         probes=len(latencies),
@@ -245,7 +250,11 @@ async def drive(names: list[str], seconds: float, timeouts: float) -> None:
             probe = Probe(port, pair.cert_pem)
             for i in range(50):  # warm up
                 await probe.one(i)
+            cpu_before, wall_before = bench_ext_proc.server_cpu_seconds(server.pid), time.monotonic()
             baseline = [await probe.one(i) for i in range(PROBE_BASELINE)]
+            probe_cpu = (bench_ext_proc.server_cpu_seconds(server.pid) - cpu_before) / (
+                time.monotonic() - wall_before
+            )
             base_p50, base_p99 = _percentile(baseline, 0.5) * 1e3, _percentile(baseline, 0.99) * 1e3
             print(f"server pid {server.pid}, RSS {_rss_bytes(server.pid) / 2**20:.1f} MiB after warm-up")
             print(f"normal request without attack: p50 {base_p50:.2f} ms, p99 {base_p99:.2f} ms", end=" ")
@@ -253,11 +262,11 @@ async def drive(names: list[str], seconds: float, timeouts: float) -> None:
             print()
             header = (
                 f"{'attack':26} {'conns':>5} {'RSS peak +MiB':>13} {'per conn':>8} {'after':>6} "
-                f"{'CPU s':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p99':>6}  outcome"
+                f"{'+CPU s':>6} {'p50 ms':>7} {'p99 ms':>7} {'+p99':>6}  outcome"
             )
             print(header)
             for name in names:
-                r = await measure(name, port, server.pid, cert_dir, seconds, probe)
+                r = await measure(name, port, server.pid, cert_dir, seconds, probe, probe_cpu)
                 conns = r["connections"]
                 print(
                     f"{name:26} {conns:>5} {r['rss_growth']:>13.1f} {r['rss_growth'] / conns:>8.2f} "
