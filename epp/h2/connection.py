@@ -45,6 +45,7 @@ from hpack.exceptions import HPACKError
 from epp.h2 import frames as f
 from epp.h2.flow import Inbound
 from epp.h2.guard import CLOSED_BY_PEER, CLOSED_BY_US, ClosedStreams, Rate
+from epp.h2.headers import Malformed, check_request, check_trailers
 from epp.h2.limits import GOAWAY_GRACE
 from epp.h2.limits import Limits as Limits
 from epp.h2.streams import GRPC_PREFIX_BYTES as _GRPC_PREFIX_BYTES
@@ -106,6 +107,7 @@ class Connection(asyncio.Protocol):
         self._preface_seen = False
         self._decoder = Decoder(max_header_list_size=limits.max_header_list_bytes)
         self._header_cache: dict[bytes, Sequence[tuple[bytes, bytes]]] = {}
+        self._request_cache: dict[bytes, tuple[bytes, int | None]] = {}  # check_request of those
         self._streams: dict[int, _Stream] = {}
         self._closed_streams = ClosedStreams(limits.closed_streams_remembered)
         self._out: list[bytes] | None = None  # frames of the current pass, written once at its end
@@ -566,6 +568,11 @@ class Connection(asyncio.Protocol):
             elif not end_stream:
                 self._reset(stream, f.PROTOCOL_ERROR)
             else:
+                try:
+                    check_trailers(headers)
+                except Malformed:
+                    self._reset(stream, f.PROTOCOL_ERROR)
+                    return
                 self._remote_end(stream)
             return
         if stream_id <= self._last_stream:  # decoded all the same: the HPACK table stays in step
@@ -583,11 +590,17 @@ class Connection(asyncio.Protocol):
             self._spend(self._reset_rate, "refused streams")
             self._refuse(stream_id)
             return
-        path = b""
-        for name, value in headers:
-            if name == b":path":
-                path = value
-                break
+        request = self._request_cache.get(block)
+        if request is None:
+            try:
+                request = check_request(headers)
+            except Malformed:
+                self._control(f.rst_stream(stream_id, f.PROTOCOL_ERROR))
+                self._closed_streams.add(stream_id, CLOSED_BY_US)
+                return
+            if block in self._header_cache:  # Envoy's blocks repeat: checked once per table state
+                self._request_cache[block] = request
+        path, content_length = request
         factory = self._methods.get(path)
         if factory is None:
             message = f"unknown method {path.decode('latin-1')!r}"
@@ -598,6 +611,7 @@ class Connection(asyncio.Protocol):
             self._closed_streams.add(stream_id, CLOSED_BY_PEER if end_stream else CLOSED_BY_US)
             return
         stream = _Stream(stream_id, factory(), self._limits.stream_window)
+        stream.content_left = content_length
         self._streams[stream_id] = stream
         self.idle.clear()
         if end_stream:
@@ -625,6 +639,7 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(f.COMPRESSION_ERROR, f"undecodable header block: {exc}") from None
         if (table.maxsize, tuple(table.dynamic_entries)) != before:
             self._header_cache.clear()
+            self._request_cache.clear()
         elif len(self._header_cache) < _HEADER_CACHE_BLOCKS:
             self._header_cache[block] = headers
         return headers
@@ -655,6 +670,12 @@ class Connection(asyncio.Protocol):
             self._reset(stream, f.FLOW_CONTROL_ERROR)
             return
         data_bytes = len(payload)
+        if stream.content_left is not None:
+            stream.content_left -= data_bytes
+            if stream.content_left < 0:
+                self._consumed(size)
+                self._reset(stream, f.PROTOCOL_ERROR)  # DATA and content-length disagree (§8.1.1)
+                return
         if size > data_bytes:
             self._consumed(size - data_bytes)  # padding
         if stream.finished:  # the status is decided: the rest of the request is dropped
@@ -825,6 +846,9 @@ class Connection(asyncio.Protocol):
 
     # --- ending streams ----------------------------------------------------------------------------
     def _remote_end(self, stream: _Stream) -> None:
+        if stream.content_left:  # fewer DATA bytes than its content-length declared (§8.1.1)
+            self._reset(stream, f.PROTOCOL_ERROR)
+            return
         stream.remote_closed = True
         if stream.buffer and not stream.finished:
             self._finish(stream, INVALID_ARGUMENT, "the stream ended inside a message")

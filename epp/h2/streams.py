@@ -57,6 +57,7 @@ class Stream:
     __slots__ = (
         "buffer",
         "close_after_task",
+        "content_left",
         "finished",
         "handler",
         "handler_closed",
@@ -77,6 +78,7 @@ class Stream:
         self.id = stream_id
         self.handler = handler
         self.buffer = bytearray()  # a partial gRPC message
+        self.content_left: int | None = None  # of a declared content-length, still to come
         self.held = 0  # DATA payload bytes received and not yet handed to the handler or dropped
         self.recv = Inbound(recv_window)
         self.withheld = 0  # stream credit kept back while a handle() is suspended
