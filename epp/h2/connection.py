@@ -649,7 +649,9 @@ class Connection(asyncio.Protocol):
         if stream_id == 0:
             raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
-        if not self._inflow.receive(size):
+        inflow = self._inflow
+        inflow.available -= size  # Inbound.receive, inline: this is the hot path
+        if inflow.available < 0:
             raise ConnectionError_(f.FLOW_CONTROL_ERROR, "the peer overran the connection window")
         if flags & f.PADDED:
             payload = _unpad(payload)
@@ -665,7 +667,9 @@ class Connection(asyncio.Protocol):
             self._consumed(size)
             self._reset(stream, f.STREAM_CLOSED)
             return
-        if not stream.recv.receive(size):
+        recv = stream.recv
+        recv.available -= size
+        if recv.available < 0:
             self._consumed(size)
             self._reset(stream, f.FLOW_CONTROL_ERROR)
             return
@@ -683,14 +687,18 @@ class Connection(asyncio.Protocol):
         else:
             stream.held += data_bytes
             self._messages(stream, payload)
-            if stream.buffer and self._inflow.held > self._held_limit and not stream.finished:
+            if stream.buffer and inflow.held > self._held_limit and not stream.finished:
                 message = "the connection's flow-control window is full of incomplete messages"
                 self._finish(stream, RESOURCE_EXHAUSTED, message)
         if end_stream:
             self._remote_end(stream)
         elif stream.id in self._streams and not stream.finished:
             if stream.task is None:
-                self._stream_consumed(stream, size)
+                recv.owed += size  # Inbound.consume, inline
+                if recv.available < recv.size >> 1:
+                    increment, recv.owed = recv.owed, 0
+                    recv.available += increment
+                    self._write(f.window_update(stream.id, increment))
             else:
                 stream.withheld += size  # given back once the suspended handle has returned
 
@@ -713,16 +721,17 @@ class Connection(asyncio.Protocol):
         else:
             data = payload  # the usual case: whole messages in one frame, no copy into a buffer
         position, end, limit = 0, len(data), self._limits.max_message_bytes
+        handed = 0  # bytes of messages handed over: credit given back once, at the end
         while end - position >= _GRPC_PREFIX_BYTES:
             compressed = data[position]
             length = int.from_bytes(data[position + 1 : position + 5], "big")
             if compressed:
                 self._finish(stream, UNIMPLEMENTED, "compressed messages are not supported")
-                return
+                break
             if length > limit:
                 message = f"grpc: received message larger than max ({length} vs. {limit})"
                 self._finish(stream, RESOURCE_EXHAUSTED, message)
-                return
+                break
             start = position + _GRPC_PREFIX_BYTES
             if end - start < length:
                 break
@@ -730,14 +739,17 @@ class Connection(asyncio.Protocol):
             message_bytes = bytes(data[start:position])
             if stream.task is None:
                 stream.held -= _GRPC_PREFIX_BYTES + length
-                self._consumed(_GRPC_PREFIX_BYTES + length)
+                handed += _GRPC_PREFIX_BYTES + length
             self._message(stream, message_bytes)
             if stream.finished:
-                return
-        if data is buffer:
-            del buffer[:position]
-        elif position < end:
-            buffer += data[position:]
+                break
+        if not stream.finished:  # (finished: its buffer is dropped already)
+            if data is buffer:
+                del buffer[:position]
+            elif position < end:
+                buffer += data[position:]
+        if handed:
+            self._consumed(handed)
 
     # --- running handlers --------------------------------------------------------------------------
     def _message(self, stream: _Stream, message: bytes) -> None:
@@ -863,7 +875,8 @@ class Connection(asyncio.Protocol):
         if stream.finished:
             return
         stream.finished = True
-        self._release_held(stream)
+        if stream.held or stream.queue:
+            self._release_held(stream)
         block = f.OK_TRAILERS if status == OK and not message else f.trailers(status, message)
         if not stream.headers_sent:
             stream.headers_sent = True
@@ -964,15 +977,14 @@ class Connection(asyncio.Protocol):
             stream.send_credit -= size
             self._send_window -= size
             self._write(f.frame(f.DATA, 0, stream.id, bytes(chunk)))
-        self._unblock(stream)
+        if self._conn_blocked or self._window_blocked:
+            self._unblock(stream)
         if stream.trailers is not None:
             self._send_trailers(stream)
 
     def _unblock(self, stream: _Stream) -> None:
-        if self._conn_blocked:
-            self._conn_blocked.pop(stream, None)
-        if self._window_blocked:
-            self._window_blocked.discard(stream)
+        self._conn_blocked.pop(stream, None)
+        self._window_blocked.discard(stream)
 
     def _flush_conn_blocked(self) -> None:
         """The connection window grew: streams held by it go on in the order they were held."""

@@ -265,6 +265,31 @@ async def _test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler
     gate.cancel()
 
 
+def test_a_handle_cancelled_in_its_task_is_not_reported_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    asyncio.run(_test_a_handle_cancelled_in_its_task_is_not_reported_as_a_failure(caplog))
+
+
+async def _test_a_handle_cancelled_in_its_task_is_not_reported_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    sid = wire.open()
+    wire.send(sid, b"wait")
+    wire.pump()
+    await wire.settle()  # the task has taken the handle over
+    with caplog.at_level(logging.ERROR, logger="epp.h2.connection"):
+        wire.client.reset_stream(sid, f.CANCEL)
+        wire.pump()
+        await wire.settle()
+    assert wire.recorder.handlers[0].cancelled
+    assert wire.recorder.handlers[0].closed == 1
+    assert caplog.records == []
+    gate.cancel()
+
+
 def test_a_client_reset_of_an_idle_stream_closes_its_handler() -> None:
     wire = Wire()
     sid = wire.open()
