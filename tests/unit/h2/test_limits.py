@@ -564,6 +564,7 @@ def test_settings_revisit_only_the_streams_a_raised_initial_window_unblocks(
     wire.raw(f.settings_frame({f.SETTINGS_INITIAL_WINDOW_SIZE: 0}))
     for sid in (1, 3, 5):
         wire.raw(headers(sid) + data(sid, grpc_message(b"x")))
+    wire.raw(headers(7) + headers(9))  # open, with nothing to send: no SETTINGS may visit them
     wire.transport.take()
     calls = _count_flushes(monkeypatch)
     wire.raw(f.settings_frame({f.SETTINGS_MAX_FRAME_SIZE: 16_384}))
