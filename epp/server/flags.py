@@ -484,7 +484,7 @@ _H2_FLAGS: tuple[tuple[str, str, Callable[[str], int | float], str], ...] = (
         "--h2-connection-window",
         "connection_window",
         parse_byte_size,
-        "Receive window per connection; raised to hold one largest message.",
+        "Receive window per connection; raised to hold two largest messages.",
     ),
     ("--h2-max-connections", "max_connections", int, "Connections at once; more are refused."),
     (
