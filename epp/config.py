@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from epp.api.types import DEFAULT_POOL_GROUP as DEFAULT_POOL_GROUP
 from epp.api.types import POOL_GROUPS as POOL_GROUPS
 from epp.api.types import V1_GROUP, V1ALPHA2_GROUP
+from epp.h2.limits import Limits
 
 DEFAULT_GRPC_PORT = 9002
 DEFAULT_GRPC_HEALTH_PORT = 9003
@@ -440,6 +441,8 @@ class ServerConfig:
     # The v1 request protocol (epp.handlers): fallbacks after the pick, and the proxy's subset hint.
     destination_fallbacks: int = DEFAULT_DESTINATION_FALLBACKS
     endpoint_subset_filter: bool = True
+    # The ext_proc port's HTTP/2 limits (`--h2-*`); its message limit comes from max_request_body_bytes.
+    h2: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if self.pool_group not in POOL_GROUPS:

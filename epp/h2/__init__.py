@@ -14,7 +14,8 @@ message ends its stream with UNIMPLEMENTED), server push, priorities (ignored), 
 (``grpc-timeout`` is Envoy's to enforce), unary or server-streaming methods.
 """
 
-from epp.h2.connection import GrpcStream, Limits, Replies, StreamError
+from epp.h2.limits import Limits
 from epp.h2.server import GrpcServer, server_ssl_context
+from epp.h2.streams import GrpcStream, Replies, StreamError
 
 __all__ = ["GrpcServer", "GrpcStream", "Limits", "Replies", "StreamError", "server_ssl_context"]

@@ -9,82 +9,70 @@ over that stream (owned by the connection, cancelled with it), and later message
 behind it in order.
 
 What the peer must get right, else the connection ends with GOAWAY and the RFC 9113 error code:
-the preface, frame sizes, stream ids, CONTINUATION sequences, HPACK, flow-control windows. What a
-stream gets wrong ends only that stream: RST_STREAM, or a gRPC status in trailers (a message over
-the size limit: RESOURCE_EXHAUSTED; a compressed message: UNIMPLEMENTED; an unknown method:
-UNIMPLEMENTED; a handler's ``StreamError``: its status; any other exception: UNKNOWN, logged).
-Flow control is honoured both ways: the peer's windows bound what is sent (the rest waits for its
-WINDOW_UPDATE), and the windows granted to the peer are topped up as data is consumed.
+the preface, frame sizes, stream ids and states, CONTINUATION sequences, HPACK, flow-control
+windows. What a stream gets wrong ends only that stream: RST_STREAM, or a gRPC status in trailers (a
+message over the size limit: RESOURCE_EXHAUSTED; a compressed message: UNIMPLEMENTED; an unknown
+method: UNIMPLEMENTED; a handler's ``StreamError``: its status; any other exception: UNKNOWN, logged).
+
+What bounds a peer's cost (``Limits``; GOAWAY ENHANCE_YOUR_CALM past a rate or cap):
+- streams: SETTINGS_MAX_CONCURRENT_STREAMS is advertised, a stream past it is REFUSED_STREAM;
+- memory: receive windows are credited back only for bytes handed to a handler or dropped (the
+  message being assembled counts against the connection window, which holds at least two largest
+  messages; should incomplete messages fill it to within a frame, the stream that adds more ends
+  RESOURCE_EXHAUSTED instead of the connection stalling);
+- output: reading stops while the transport's write buffer is above its high-water mark, and control
+  replies (PING and SETTINGS ACKs, RST_STREAM) queued behind a peer that does not read are capped;
+- frame rates: SETTINGS, PING, RST_STREAM (and refused streams), empty DATA and CONTINUATION;
+- work per frame: no control frame walks the open streams (send windows are relative to the
+  peer's initial window; only streams a WINDOW_UPDATE or SETTINGS unblocks are revisited);
+- time (with a ``Clock``): the preface, a header block (or any non-DATA frame) left incomplete, an
+  idle connection (no open stream), a peer that stops reading.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
+import time
 import traceback
-import types
-from collections.abc import Callable, Coroutine, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final, Protocol, cast
 
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from epp.h2 import frames as f
+from epp.h2.flow import Inbound
+from epp.h2.guard import CLOSED_BY_PEER, CLOSED_BY_US, ClosedStreams, Rate
+from epp.h2.headers import Malformed, check_request, check_trailers
+from epp.h2.limits import GOAWAY_GRACE
+from epp.h2.limits import Limits as Limits
+from epp.h2.streams import GRPC_PREFIX_BYTES as _GRPC_PREFIX_BYTES
+from epp.h2.streams import INVALID_ARGUMENT, OK, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNKNOWN
+from epp.h2.streams import GrpcStream as GrpcStream
+from epp.h2.streams import Replies as Replies
+from epp.h2.streams import Stream as _Stream
+from epp.h2.streams import StreamError as StreamError
+from epp.h2.streams import StreamFactory as StreamFactory
+from epp.h2.streams import continue_coroutine as _continue
 
 log = logging.getLogger(__name__)
 
-# gRPC status codes used here.
-OK: Final = 0
-UNKNOWN: Final = 2
-INVALID_ARGUMENT: Final = 3
-RESOURCE_EXHAUSTED: Final = 8
-UNIMPLEMENTED: Final = 12
-
-_GRPC_PREFIX_BYTES: Final = 5
 _HEADER_CACHE_BLOCKS: Final = 16
+_MAX_STREAM_ID: Final = 2**31 - 1
 
 
-class StreamError(Exception):
-    """Raised by a stream handler to end its stream with a gRPC status other than OK."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+class Timer(Protocol):
+    def cancel(self) -> None: ...
 
 
-Replies = bytes | tuple[bytes, ...] | None
-"""What a handler answers one message with: nothing, one message, or several in order."""
+class Clock(Protocol):
+    """Where a connection's timeouts run (the server passes its event loop's)."""
 
+    def time(self) -> float: ...
 
-class GrpcStream(Protocol):
-    """One RPC: ``handle`` each request message in order, ``close`` exactly once when it ends.
-
-    ``handle`` returns (replies, end): ``end`` finishes the RPC with OK after the replies. Its first
-    step runs outside any task (see the module docstring): code before its first suspension must
-    not need ``asyncio.current_task()`` (``asyncio.timeout`` does).
-    """
-
-    async def handle(self, message: bytes) -> tuple[Replies, bool]: ...
-
-    def close(self) -> None: ...
-
-
-StreamFactory = Callable[[], GrpcStream]
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What the server grants and accepts. Windows are topped up when half used."""
-
-    max_message_bytes: int = 4 * 1024 * 1024
-    stream_window: int = f.MAX_WINDOW
-    connection_window: int = f.MAX_WINDOW
-    max_frame_bytes: int = 1024 * 1024
-    max_header_list_bytes: int = 64 * 1024
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...
 
 
 class ConnectionError_(Exception):
@@ -95,59 +83,6 @@ class ConnectionError_(Exception):
         self.code = code
 
 
-class _Stream:
-    __slots__ = (
-        "buffer",
-        "close_after_task",
-        "finished",
-        "handler",
-        "handler_closed",
-        "headers_sent",
-        "id",
-        "pending",
-        "queue",
-        "recv_window",
-        "remote_closed",
-        "send_window",
-        "task",
-        "trailers",
-    )
-
-    def __init__(self, stream_id: int, handler: GrpcStream, recv_window: int, send_window: int) -> None:
-        self.id = stream_id
-        self.handler = handler
-        self.buffer = bytearray()  # a partial gRPC message
-        self.recv_window = recv_window
-        self.send_window = send_window
-        self.pending: collections.deque[memoryview] = collections.deque()  # DATA held by flow control
-        self.trailers: bytes | None = None  # held behind `pending`
-        self.queue: collections.deque[bytes] = collections.deque()  # messages behind a suspended handle
-        self.task: asyncio.Task[None] | None = None
-        self.headers_sent = False
-        self.remote_closed = False  # the peer sent END_STREAM
-        self.finished = False  # our trailers are decided (sent or held)
-        self.handler_closed = False
-        self.close_after_task = False  # released while a handle() was suspended
-
-
-@types.coroutine
-def _continue(coro: Coroutine[Any, Any, Any], pending: Any) -> Generator[Any, Any, Any]:
-    """Run the rest of a coroutine that was stepped by hand and suspended on ``pending``."""
-    while True:
-        try:
-            sent = yield pending
-        except BaseException as exc:  # cancellation and errors of what it awaits go to it
-            try:
-                pending = coro.throw(exc)
-            except StopIteration as done:
-                return done.value
-        else:
-            try:
-                pending = coro.send(sent)
-            except StopIteration as done:
-                return done.value
-
-
 class Connection(asyncio.Protocol):
     """Server side of one connection; ``methods`` maps a ``:path`` to the factory of its streams."""
 
@@ -156,34 +91,59 @@ class Connection(asyncio.Protocol):
         methods: dict[bytes, StreamFactory],
         limits: Limits,
         *,
-        on_made: Callable[[Connection], bool] | None = None,
+        on_made: Callable[[Connection], int | None] | None = None,
         on_lost: Callable[[Connection], None] | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        """``on_made`` may refuse the connection (False: it is closed at once); ``on_lost`` is told
-        when it is gone."""
+        """``on_made`` may refuse the connection (an error code: GOAWAY with it, then closed);
+        ``on_lost`` is told when it is gone. Without a ``clock`` no timeout is enforced."""
         self._methods = methods
         self._limits = limits
         self._on_made = on_made
         self._on_lost = on_lost
+        self._clock = clock
         self._transport: asyncio.Transport | None = None
         self._inbuf = bytearray()
         self._preface_seen = False
         self._decoder = Decoder(max_header_list_size=limits.max_header_list_bytes)
         self._header_cache: dict[bytes, Sequence[tuple[bytes, bytes]]] = {}
+        self._request_cache: dict[bytes, tuple[bytes, int | None]] = {}  # check_request of those
         self._streams: dict[int, _Stream] = {}
+        self._closed_streams = ClosedStreams(limits.closed_streams_remembered)
         self._out: list[bytes] | None = None  # frames of the current pass, written once at its end
         self._header_block: bytearray | None = None  # HEADERS awaiting CONTINUATION
         self._header_stream = 0
         self._header_end_stream = False
+        self._header_frames = 0
         self._last_stream = 0
-        self._recv_window = f.DEFAULT_WINDOW
+        self._inflow = Inbound(limits.effective_connection_window)
+        # Incomplete messages filling the connection window to within a frame end the stream that
+        # adds more: the peer could not send another byte, and no message could be completed.
+        self._held_limit = self._inflow.size - limits.max_frame_bytes
         self._send_window = f.DEFAULT_WINDOW
         self._peer_initial_window = f.DEFAULT_WINDOW
+        self._max_send_credit = 0  # at least every open stream's send_credit
         self._peer_max_frame = f.DEFAULT_MAX_FRAME
-        self._blocked: set[_Stream] = set()  # streams with DATA held by a window
+        self._conn_blocked: dict[_Stream, None] = {}  # DATA held by the connection window, in order
+        self._window_blocked: set[_Stream] = set()  # DATA held by the stream's own window
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = False
+        self._close_when_idle = False
+        self._close_after_pass = False
         self._closed = False
+        self._writing_paused = False
+        self._control_queued = 0  # control replies written since the write buffer was last empty
+        now = self._now()
+        self._settings_rate = Rate(limits.settings_per_second, now)
+        self._ping_rate = Rate(limits.pings_per_second, now)
+        self._reset_rate = Rate(limits.resets_per_second, now)
+        self._empty_rate = Rate(limits.empty_frames_per_second, now)
+        self._idle_since = now
+        self._preface_timer: Timer | None = None
+        self._header_timer: Timer | None = None
+        self._idle_timer: Timer | None = None
+        self._stall_timer: Timer | None = None
+        self._linger_timer: Timer | None = None
         self.idle = asyncio.Event()  # no open stream (the server's graceful stop waits for it)
         self.idle.set()
         self._lost = asyncio.Event()
@@ -192,26 +152,37 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Not an isinstance check: uvloop's transports implement the interface without the base class.
         transport = self._transport = cast(asyncio.Transport, transport)
-        if self._on_made is not None and not self._on_made(self):
+        refusal = self._on_made(self) if self._on_made is not None else None
+        if refusal is not None:
             self._closed = True
+            why = b"the server is stopping" if refusal == f.NO_ERROR else b"too many connections"
+            transport.write(f.settings_frame({}) + f.goaway(0, refusal, why))
             transport.close()
             return
         limits = self._limits
+        transport.set_write_buffer_limits(high=limits.write_buffer_high)
         settings = {
             f.SETTINGS_ENABLE_PUSH: 0,
+            f.SETTINGS_MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
             f.SETTINGS_INITIAL_WINDOW_SIZE: limits.stream_window,
             f.SETTINGS_MAX_FRAME_SIZE: limits.max_frame_bytes,
             f.SETTINGS_MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
         }
         out = f.settings_frame(settings)
-        if limits.connection_window > f.DEFAULT_WINDOW:
-            out += f.window_update(0, limits.connection_window - f.DEFAULT_WINDOW)
-            self._recv_window = limits.connection_window
+        # The connection window starts at 65,535 whatever the settings say (RFC 9113 §6.9.2).
+        size = self._inflow.size
+        if size > f.DEFAULT_WINDOW:
+            out += f.window_update(0, size - f.DEFAULT_WINDOW)
         transport.write(out)
+        self._preface_timer = self._arm(limits.preface_timeout, self._preface_timed_out)
+        self._idle_timer = self._arm(limits.idle_timeout, self._idle_check)
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
+        transport = self._transport
+        if self._control_queued and transport is not None and not transport.get_write_buffer_size():
+            self._control_queued = 0  # the peer read everything: nothing is queued any more
         self._inbuf += data
         self._out = []
         try:
@@ -224,12 +195,39 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return None  # close our side too
 
+    def pause_writing(self) -> None:
+        """The write buffer passed its high-water mark: read nothing more until it drains."""
+        self._writing_paused = True
+        if self._transport is not None and not self._closed:
+            self._transport.pause_reading()
+            if self._stall_timer is None:
+                self._stall_timer = self._arm(self._limits.idle_timeout, self._stall_timed_out)
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        _cancel(self._stall_timer)
+        self._stall_timer = None
+        if self._transport is not None and not self._closed:
+            self._transport.resume_reading()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        timers = (
+            self._preface_timer,
+            self._header_timer,
+            self._idle_timer,
+            self._stall_timer,
+            self._linger_timer,
+        )
+        for timer in timers:
+            _cancel(timer)
+        self._preface_timer = self._header_timer = self._idle_timer = self._stall_timer = None
+        self._linger_timer = None
         for stream in list(self._streams.values()):
             self._drop(stream)
         self._streams.clear()
-        self._blocked.clear()
+        self._conn_blocked.clear()
+        self._window_blocked.clear()
         self.idle.set()
         self._lost.set()
         if self._on_lost is not None:
@@ -258,6 +256,52 @@ class Connection(asyncio.Protocol):
     def open_streams(self) -> int:
         return len(self._streams)
 
+    # --- time --------------------------------------------------------------------------------------
+    def _now(self) -> float:
+        return self._clock.time() if self._clock is not None else time.monotonic()
+
+    def _arm(self, delay: float, callback: Callable[[], None]) -> Timer | None:
+        if self._clock is None or delay <= 0:
+            return None
+        return self._clock.call_later(delay, callback)
+
+    def _preface_timed_out(self) -> None:
+        self._preface_timer = None
+        if not self._preface_seen:
+            self._fail(f.ENHANCE_YOUR_CALM, f"no connection preface within {self._limits.preface_timeout}s")
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        self._fail(f.ENHANCE_YOUR_CALM, f"a frame left incomplete for {self._limits.header_timeout}s")
+
+    def _stall_timed_out(self) -> None:
+        self._stall_timer = None
+        self._fail(f.ENHANCE_YOUR_CALM, f"the peer read nothing for {self._limits.idle_timeout}s")
+
+    def _idle_check(self) -> None:
+        """Every idle timeout: a connection without streams for that long is closed in two steps, a
+        GOAWAY that admits streams already on their way, then one naming the last (RFC 9113 §6.8)."""
+        self._idle_timer = None
+        if self._closed or self._close_when_idle:
+            return
+        timeout = self._limits.idle_timeout
+        if self._streams:
+            self._idle_timer = self._arm(timeout, self._idle_check)
+            return
+        left = self._idle_since + timeout - self._now()
+        if left > 0:
+            self._idle_timer = self._arm(left, self._idle_check)
+            return
+        if not self._draining:
+            self._write(f.goaway(_MAX_STREAM_ID, f.NO_ERROR, b"idle"))
+        self._idle_timer = self._arm(GOAWAY_GRACE, self._idle_close)
+
+    def _idle_close(self) -> None:
+        self._idle_timer = None
+        self.drain()
+        self._close_when_idle = True
+        self._check_idle()
+
     # --- output ------------------------------------------------------------------------------------
     def _write(self, data: bytes) -> None:
         if self._out is not None:
@@ -265,18 +309,48 @@ class Connection(asyncio.Protocol):
         elif self._transport is not None and not self._closed:
             self._transport.write(data)
 
+    def _control(self, data: bytes) -> None:
+        """A control reply; too many behind a peer that does not read end the connection."""
+        self._control_queued += 1
+        if self._control_queued > self._limits.max_queued_control_frames:
+            raise ConnectionError_(
+                f.ENHANCE_YOUR_CALM, "too many control replies queued to a peer that does not read"
+            )
+        self._write(data)
+
     def _flush_out(self) -> None:
         out, self._out = self._out, None
         if out and self._transport is not None and not self._closed:
             self._transport.write(b"".join(out))
+        if self._close_after_pass:
+            self._close_after_pass = False
+            self.close()
 
     def _fail(self, code: int, why: str) -> None:
         log.warning("closing an HTTP/2 connection: %s (error code %d)", why, code)
+        if self._closed:
+            return
         self._write(f.goaway(self._last_stream, code, why.encode("utf-8", "replace")[:256]))
         self._flush_out()
         self._closed = True
-        if self._transport is not None:
-            self._transport.close()
+        for stream in list(self._streams.values()):
+            self._drop(stream)
+        self._streams.clear()
+        transport = self._transport
+        if transport is None:
+            return
+        if self._writing_paused:
+            transport.abort()  # the peer reads nothing: do not wait for the buffer to drain
+            return
+        # Closed with the peer's bytes unread, the socket would be reset, and the GOAWAY still on
+        # its way lost with it: what arrives is read (and dropped) for a moment first, as Go does.
+        self._linger_timer = self._arm(GOAWAY_GRACE, transport.close)
+        if self._linger_timer is None:
+            transport.close()
+
+    def _spend(self, rate: Rate, what: str) -> None:
+        if not rate.spend(self._now()):
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, f"{what} over the rate limit")
 
     # --- input -------------------------------------------------------------------------------------
     def _parse(self) -> None:
@@ -290,6 +364,8 @@ class Connection(asyncio.Protocol):
                 raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             del buf[: len(f.PREFACE)]
             self._preface_seen = True
+            _cancel(self._preface_timer)
+            self._preface_timer = None
         view = memoryview(buf)
         position, end, limit = 0, len(buf), self._limits.max_frame_bytes
         try:
@@ -308,6 +384,13 @@ class Connection(asyncio.Protocol):
             raise
         view.release()
         del buf[:position]  # no slice of it outlives a frame's handling
+        # A header block, or any frame but DATA, left incomplete must be finished in time.
+        if self._header_block is not None or (buf and (len(buf) < 4 or buf[3] != f.DATA)):
+            if self._header_timer is None:
+                self._header_timer = self._arm(self._limits.header_timeout, self._header_timed_out)
+        elif self._header_timer is not None:
+            _cancel(self._header_timer)
+            self._header_timer = None
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
         if self._header_block is not None and kind != f.CONTINUATION:
@@ -323,23 +406,55 @@ class Connection(asyncio.Protocol):
         elif kind == f.WINDOW_UPDATE:
             self._on_window_update(stream_id, payload)
         elif kind == f.PING:
-            if stream_id != 0 or len(payload) != 8:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "malformed PING")
+            if stream_id != 0:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "PING on a stream")
+            if len(payload) != 8:
+                raise ConnectionError_(f.FRAME_SIZE_ERROR, "PING of the wrong size")
+            self._spend(self._ping_rate, "PING")
             if not flags & f.ACK:
-                self._write(f.frame(f.PING, f.ACK, 0, bytes(payload)))
+                self._control(f.frame(f.PING, f.ACK, 0, bytes(payload)))
         elif kind == f.RST_STREAM:
-            if stream_id == 0 or len(payload) != 4:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "malformed RST_STREAM")
-            stream = self._streams.pop(stream_id, None)
-            if stream is not None:
-                self._drop(stream)
-                self._check_idle()
+            self._on_rst_stream(stream_id, payload)
+        elif kind == f.PRIORITY:
+            self._on_priority(stream_id, payload)
         elif kind == f.GOAWAY:
             if stream_id != 0:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "GOAWAY on a stream")
         elif kind == f.PUSH_PROMISE:
             raise ConnectionError_(f.PROTOCOL_ERROR, "a client cannot push")
-        # PRIORITY and unknown frame types are ignored (RFC 9113 §5.5, §5.3.2).
+        # Unknown frame types are ignored (RFC 9113 §5.5).
+
+    def _not_open(self, stream_id: int, what: str) -> None:
+        """A frame for a stream that is not open: an error if the stream is idle or the peer closed
+        it; else (we closed it, or it is forgotten) the frame may have been in flight: ignored."""
+        if stream_id > self._last_stream:
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"{what} on idle stream {stream_id}")
+        if self._closed_streams.get(stream_id) is CLOSED_BY_PEER:
+            raise ConnectionError_(f.STREAM_CLOSED, f"{what} on closed stream {stream_id}")
+
+    def _on_rst_stream(self, stream_id: int, payload: memoryview) -> None:
+        if stream_id == 0:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if len(payload) != 4:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
+        self._spend(self._reset_rate, "RST_STREAM")
+        stream = self._streams.pop(stream_id, None)
+        if stream is None:
+            if stream_id > self._last_stream:
+                raise ConnectionError_(f.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
+            return
+        self._closed_streams.add(stream_id, CLOSED_BY_PEER)
+        self._drop(stream)
+        self._check_idle()
+
+    def _on_priority(self, stream_id: int, payload: memoryview) -> None:
+        """Priorities are not used, only checked (RFC 9113 §6.3)."""
+        if stream_id == 0:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(payload) != f.PRIORITY_BYTES:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
+        if f.U32.unpack_from(payload)[0] & 0x7FFFFFFF == stream_id:
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {stream_id} depends on itself")
 
     def _on_settings(self, stream_id: int, flags: int, payload: memoryview) -> None:
         if stream_id != 0:
@@ -350,21 +465,36 @@ class Connection(asyncio.Protocol):
             return
         if len(payload) % 6:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS payload not a multiple of 6")
+        self._spend(self._settings_rate, "SETTINGS")
+        raised = False
         for offset in range(0, len(payload), 6):
             key, value = f.SETTING.unpack_from(payload, offset)
             if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
-                if value > f.MAX_WINDOW:
-                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window over 2^31-1")
-                delta, self._peer_initial_window = value - self._peer_initial_window, value
-                for stream in self._streams.values():
-                    stream.send_window += delta
+                raised = self._peer_initial_window_is(value) or raised
             elif key == f.SETTINGS_MAX_FRAME_SIZE:
                 if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
                     raise ConnectionError_(f.PROTOCOL_ERROR, f"max frame size {value} out of range")
                 self._peer_max_frame = value
-            # The others bind the peer (push, its decoder's table: we never index) or are advisory.
-        self._write(f.frame(f.SETTINGS, f.ACK, 0))
-        self._flush_blocked()
+            elif key == f.SETTINGS_ENABLE_PUSH and value > 1:
+                raise ConnectionError_(f.PROTOCOL_ERROR, f"ENABLE_PUSH of {value}")
+            # The others bind the peer (its decoder's table: we never index) or are advisory.
+        self._control(f.frame(f.SETTINGS, f.ACK, 0))
+        if raised:  # only streams held by their own window can move, and each one that is does
+            for stream in list(self._window_blocked):
+                self._flush(stream)
+
+    def _peer_initial_window_is(self, value: int) -> bool:
+        """Apply a new SETTINGS_INITIAL_WINDOW_SIZE; True when it grew."""
+        if value > f.MAX_WINDOW:
+            raise ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window over 2^31-1")
+        old = self._peer_initial_window
+        if value > old and value + self._max_send_credit > f.MAX_WINDOW:
+            # The bound may be stale (streams sent data or closed since): recompute it, once.
+            self._max_send_credit = max((s.send_credit for s in self._streams.values()), default=0)
+            if value + self._max_send_credit > f.MAX_WINDOW:
+                raise ConnectionError_(f.FLOW_CONTROL_ERROR, "the new initial window overflows a stream's")
+        self._peer_initial_window = value
+        return value > old
 
     def _on_window_update(self, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
@@ -376,15 +506,20 @@ class Connection(asyncio.Protocol):
             self._send_window += increment
             if self._send_window > f.MAX_WINDOW:
                 raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window over 2^31-1")
-            self._flush_blocked()
+            self._flush_conn_blocked()
             return
         stream = self._streams.get(stream_id)
         if stream is None:
+            if stream_id > self._last_stream:
+                raise ConnectionError_(f.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
             return  # closed already: frames in flight are expected
-        if increment == 0 or stream.send_window + increment > f.MAX_WINDOW:
+        credit = stream.send_credit + increment
+        if increment == 0 or self._peer_initial_window + credit > f.MAX_WINDOW:
             self._reset(stream, f.PROTOCOL_ERROR if increment == 0 else f.FLOW_CONTROL_ERROR)
             return
-        stream.send_window += increment
+        stream.send_credit = credit
+        if credit > self._max_send_credit:
+            self._max_send_credit = credit
         self._flush(stream)
 
     # --- headers -----------------------------------------------------------------------------------
@@ -394,12 +529,15 @@ class Connection(asyncio.Protocol):
         if flags & f.PADDED:
             payload = _unpad(payload)
         if flags & f.PRIORITY_FLAG:
-            if len(payload) < 5:
+            if len(payload) < f.PRIORITY_BYTES:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "HEADERS too short for its priority")
-            payload = payload[5:]
+            if f.U32.unpack_from(payload)[0] & 0x7FFFFFFF == stream_id:
+                raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {stream_id} depends on itself")
+            payload = payload[f.PRIORITY_BYTES :]
         self._header_block = bytearray(payload)
         self._header_stream = stream_id
         self._header_end_stream = bool(flags & f.END_STREAM)
+        self._header_frames = 0  # CONTINUATION frames so far
         if flags & f.END_HEADERS:
             self._headers_complete()
 
@@ -407,10 +545,16 @@ class Connection(asyncio.Protocol):
         block = self._header_block
         if block is None or stream_id != self._header_stream:
             raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        self._header_frames += 1
+        if self._header_frames > self._limits.max_continuation_frames:
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "too many CONTINUATION frames in a header block")
+        end_headers = flags & f.END_HEADERS
+        if not payload and not end_headers:
+            self._spend(self._empty_rate, "empty frames")
         block += payload
         if len(block) > 2 * self._limits.max_header_list_bytes:
             raise ConnectionError_(f.PROTOCOL_ERROR, "header block too large")
-        if flags & f.END_HEADERS:
+        if end_headers:
             self._headers_complete()
 
     def _headers_complete(self) -> None:
@@ -419,35 +563,63 @@ class Connection(asyncio.Protocol):
         headers = self._decode(block)
         stream = self._streams.get(stream_id)
         if stream is not None:  # trailers from the client: only END_STREAM matters
-            if not end_stream or stream.remote_closed:
+            if stream.remote_closed:
+                self._reset(stream, f.STREAM_CLOSED)
+            elif not end_stream:
                 self._reset(stream, f.PROTOCOL_ERROR)
-                return
-            self._remote_end(stream)
+            else:
+                try:
+                    check_trailers(headers)
+                except Malformed:
+                    self._reset(stream, f.PROTOCOL_ERROR)
+                    return
+                self._remote_end(stream)
             return
-        if stream_id <= self._last_stream:
-            return  # a closed stream: decoded (the table stays in step) and ignored
+        if stream_id <= self._last_stream:  # decoded all the same: the HPACK table stays in step
+            closed = self._closed_streams.get(stream_id)
+            if closed is CLOSED_BY_US:
+                return  # trailers it sent before it heard of the reset
+            if closed is CLOSED_BY_PEER:
+                raise ConnectionError_(f.STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {stream_id} opened after {self._last_stream}")
         self._last_stream = stream_id
         if self._draining:
-            self._write(f.rst_stream(stream_id, f.REFUSED_STREAM))
+            self._refuse(stream_id)
             return
-        path = b""
-        for name, value in headers:
-            if name == b":path":
-                path = value
-                break
+        if len(self._streams) >= self._limits.max_concurrent_streams:
+            self._spend(self._reset_rate, "refused streams")
+            self._refuse(stream_id)
+            return
+        request = self._request_cache.get(block)
+        if request is None:
+            try:
+                request = check_request(headers)
+            except Malformed:
+                self._control(f.rst_stream(stream_id, f.PROTOCOL_ERROR))
+                self._closed_streams.add(stream_id, CLOSED_BY_US)
+                return
+            if block in self._header_cache:  # Envoy's blocks repeat: checked once per table state
+                self._request_cache[block] = request
+        path, content_length = request
         factory = self._methods.get(path)
         if factory is None:
             message = f"unknown method {path.decode('latin-1')!r}"
             block = f.RESPONSE_HEADERS + f.trailers(UNIMPLEMENTED, message)
             self._write(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, block))
             if not end_stream:
-                self._write(f.rst_stream(stream_id, f.NO_ERROR))
+                self._control(f.rst_stream(stream_id, f.NO_ERROR))
+            self._closed_streams.add(stream_id, CLOSED_BY_PEER if end_stream else CLOSED_BY_US)
             return
-        stream = _Stream(stream_id, factory(), self._limits.stream_window, self._peer_initial_window)
+        stream = _Stream(stream_id, factory(), self._limits.stream_window)
+        stream.content_left = content_length
         self._streams[stream_id] = stream
         self.idle.clear()
         if end_stream:
             self._remote_end(stream)
+
+    def _refuse(self, stream_id: int) -> None:
+        self._control(f.rst_stream(stream_id, f.REFUSED_STREAM))
+        self._closed_streams.add(stream_id, CLOSED_BY_US)
 
     def _decode(self, block: bytes) -> Sequence[tuple[bytes, bytes]]:
         """HPACK-decode ``block``, remembering blocks that leave the dynamic table as it was.
@@ -467,6 +639,7 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(f.COMPRESSION_ERROR, f"undecodable header block: {exc}") from None
         if (table.maxsize, tuple(table.dynamic_entries)) != before:
             self._header_cache.clear()
+            self._request_cache.clear()
         elif len(self._header_cache) < _HEADER_CACHE_BLOCKS:
             self._header_cache[block] = headers
         return headers
@@ -476,34 +649,68 @@ class Connection(asyncio.Protocol):
         if stream_id == 0:
             raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
-        self._recv_window -= size
-        if self._recv_window < 0:
+        inflow = self._inflow
+        inflow.available -= size  # Inbound.receive, inline: this is the hot path
+        if inflow.available < 0:
             raise ConnectionError_(f.FLOW_CONTROL_ERROR, "the peer overran the connection window")
-        if self._recv_window < self._limits.connection_window // 2:
-            self._write(f.window_update(0, self._limits.connection_window - self._recv_window))
-            self._recv_window = self._limits.connection_window
-        stream = self._streams.get(stream_id)
-        if stream is None:
-            if stream_id > self._last_stream:
-                raise ConnectionError_(f.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            return  # closed by us (or reset) while this was in flight
-        if stream.remote_closed:
-            self._reset(stream, f.STREAM_CLOSED)
-            return
-        stream.recv_window -= size
-        if stream.recv_window < 0:
-            self._reset(stream, f.FLOW_CONTROL_ERROR)
-            return
         if flags & f.PADDED:
             payload = _unpad(payload)
-        end_stream = bool(flags & f.END_STREAM)
-        if not stream.finished:
+        end_stream = flags & f.END_STREAM
+        if not payload and not end_stream:
+            self._spend(self._empty_rate, "empty frames")
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            self._not_open(stream_id, "DATA")
+            self._consumed(size)
+            return
+        if stream.remote_closed:
+            self._consumed(size)
+            self._reset(stream, f.STREAM_CLOSED)
+            return
+        recv = stream.recv
+        recv.available -= size
+        if recv.available < 0:
+            self._consumed(size)
+            self._reset(stream, f.FLOW_CONTROL_ERROR)
+            return
+        data_bytes = len(payload)
+        if stream.content_left is not None:
+            stream.content_left -= data_bytes
+            if stream.content_left < 0:
+                self._consumed(size)
+                self._reset(stream, f.PROTOCOL_ERROR)  # DATA and content-length disagree (§8.1.1)
+                return
+        if size > data_bytes:
+            self._consumed(size - data_bytes)  # padding
+        if stream.finished:  # the status is decided: the rest of the request is dropped
+            self._consumed(data_bytes)
+        else:
+            stream.held += data_bytes
             self._messages(stream, payload)
+            if stream.buffer and inflow.held > self._held_limit and not stream.finished:
+                message = "the connection's flow-control window is full of incomplete messages"
+                self._finish(stream, RESOURCE_EXHAUSTED, message)
         if end_stream:
             self._remote_end(stream)
-        elif stream.recv_window < self._limits.stream_window // 2 and stream.id in self._streams:
-            self._write(f.window_update(stream.id, self._limits.stream_window - stream.recv_window))
-            stream.recv_window = self._limits.stream_window
+        elif stream.id in self._streams and not stream.finished:
+            if stream.task is None:
+                recv.owed += size  # Inbound.consume, inline
+                if recv.available < recv.size >> 1:
+                    increment, recv.owed = recv.owed, 0
+                    recv.available += increment
+                    self._write(f.window_update(stream.id, increment))
+            else:
+                stream.withheld += size  # given back once the suspended handle has returned
+
+    def _consumed(self, n: int) -> None:
+        increment = self._inflow.consume(n)
+        if increment:
+            self._write(f.window_update(0, increment))
+
+    def _stream_consumed(self, stream: _Stream, n: int) -> None:
+        increment = stream.recv.consume(n)
+        if increment:
+            self._write(f.window_update(stream.id, increment))
 
     def _messages(self, stream: _Stream, payload: memoryview) -> None:
         """Cut gRPC messages (1-byte flag, 4-byte length, bytes) out of a stream's DATA."""
@@ -514,32 +721,40 @@ class Connection(asyncio.Protocol):
         else:
             data = payload  # the usual case: whole messages in one frame, no copy into a buffer
         position, end, limit = 0, len(data), self._limits.max_message_bytes
+        handed = 0  # bytes of messages handed over: credit given back once, at the end
         while end - position >= _GRPC_PREFIX_BYTES:
             compressed = data[position]
             length = int.from_bytes(data[position + 1 : position + 5], "big")
             if compressed:
                 self._finish(stream, UNIMPLEMENTED, "compressed messages are not supported")
-                return
+                break
             if length > limit:
                 message = f"grpc: received message larger than max ({length} vs. {limit})"
                 self._finish(stream, RESOURCE_EXHAUSTED, message)
-                return
+                break
             start = position + _GRPC_PREFIX_BYTES
             if end - start < length:
                 break
             position = start + length
-            self._message(stream, bytes(data[start:position]))
+            message_bytes = bytes(data[start:position])
+            if stream.task is None:
+                stream.held -= _GRPC_PREFIX_BYTES + length
+                handed += _GRPC_PREFIX_BYTES + length
+            self._message(stream, message_bytes)
             if stream.finished:
-                return
-        if data is buffer:
-            del buffer[:position]
-        elif position < end:
-            buffer += data[position:]
+                break
+        if not stream.finished:  # (finished: its buffer is dropped already)
+            if data is buffer:
+                del buffer[:position]
+            elif position < end:
+                buffer += data[position:]
+        if handed:
+            self._consumed(handed)
 
     # --- running handlers --------------------------------------------------------------------------
     def _message(self, stream: _Stream, message: bytes) -> None:
         if stream.task is not None:
-            stream.queue.append(message)
+            stream.queue.append(message)  # still held: its bytes are given back when it is handled
             return
         coro = stream.handler.handle(message)
         try:
@@ -550,14 +765,22 @@ class Connection(asyncio.Protocol):
         except BaseException as exc:
             self._handler_failed(stream, exc)
             return
-        task = asyncio.get_running_loop().create_task(self._run_suspended(stream, coro, pending))
+        # A future yielded by an ``await`` stays marked "blocking" until a task takes it; until this
+        # one's task runs, another stream awaiting the same future would fail ("await wasn't used
+        # with future"). Unmarked here, marked again when the task takes it (``continue_coroutine``).
+        blocking = getattr(pending, "_asyncio_future_blocking", False)
+        if blocking:
+            pending._asyncio_future_blocking = False
+        task = asyncio.get_running_loop().create_task(self._run_suspended(stream, coro, pending, blocking))
         stream.task = task
         self._tasks.add(task)
         task.add_done_callback(functools.partial(self._suspended_done, stream, coro))
 
-    async def _run_suspended(self, stream: _Stream, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
+    async def _run_suspended(
+        self, stream: _Stream, coro: Coroutine[Any, Any, Any], pending: Any, blocking: bool
+    ) -> None:
         try:
-            result = await _continue(coro, pending)
+            result = await _continue(coro, pending, blocking)
         except asyncio.CancelledError:
             raise  # `_suspended_done` cleans up
         except BaseException as exc:
@@ -572,9 +795,16 @@ class Connection(asyncio.Protocol):
             if stream.close_after_task:
                 self._release(stream)
             while stream.queue and stream.task is None and not stream.finished:
-                self._message(stream, stream.queue.popleft())
+                message = stream.queue.popleft()
+                stream.held -= _GRPC_PREFIX_BYTES + len(message)
+                self._consumed(_GRPC_PREFIX_BYTES + len(message))
+                self._message(stream, message)
             if stream.remote_closed and stream.task is None and not stream.finished:
                 self._finish(stream, OK, "")
+            if stream.task is None and stream.withheld and not stream.finished:
+                withheld, stream.withheld = stream.withheld, 0
+                if stream.id in self._streams and not stream.remote_closed:
+                    self._stream_consumed(stream, withheld)
         finally:
             self._flush_out()
 
@@ -587,6 +817,9 @@ class Connection(asyncio.Protocol):
         if stream.task is task:
             stream.task = None
         if not task.cancelled():
+            return
+        if getattr(coro, "cr_frame", True) is None:  # it ran to its end in the task (cancelled there)
+            self._release(stream)
             return
         try:
             coro.throw(asyncio.CancelledError())
@@ -625,22 +858,25 @@ class Connection(asyncio.Protocol):
 
     # --- ending streams ----------------------------------------------------------------------------
     def _remote_end(self, stream: _Stream) -> None:
+        if stream.content_left:  # fewer DATA bytes than its content-length declared (§8.1.1)
+            self._reset(stream, f.PROTOCOL_ERROR)
+            return
         stream.remote_closed = True
         if stream.buffer and not stream.finished:
-            stream.buffer.clear()
             self._finish(stream, INVALID_ARGUMENT, "the stream ended inside a message")
             return
         if stream.task is None and not stream.finished:
             self._finish(stream, OK, "")
         elif stream.finished and stream.trailers is None:
-            self._forget(stream)
+            self._forget(stream, CLOSED_BY_PEER)
 
     def _finish(self, stream: _Stream, status: int, message: str) -> None:
         """Decide the stream's status; trailers go out after any DATA still held by a window."""
         if stream.finished:
             return
         stream.finished = True
-        stream.queue.clear()
+        if stream.held or stream.queue:
+            self._release_held(stream)
         block = f.OK_TRAILERS if status == OK and not message else f.trailers(status, message)
         if not stream.headers_sent:
             stream.headers_sent = True
@@ -649,6 +885,14 @@ class Connection(asyncio.Protocol):
         self._flush(stream)
         self._release(stream)
 
+    def _release_held(self, stream: _Stream) -> None:
+        """Drop what the stream still holds of the peer's DATA, giving its credit back."""
+        stream.queue.clear()
+        stream.buffer.clear()
+        held, stream.held = stream.held, 0
+        if held:
+            self._consumed(held)
+
     def _send_trailers(self, stream: _Stream) -> None:
         block, stream.trailers = stream.trailers, None
         assert block is not None
@@ -656,26 +900,30 @@ class Connection(asyncio.Protocol):
         if not stream.remote_closed:
             # The peer may still be sending; tell it to stop (as gRPC servers do).
             self._write(f.rst_stream(stream.id, f.NO_ERROR))
-        self._forget(stream)
+            self._forget(stream, CLOSED_BY_US)
+        else:
+            self._forget(stream, CLOSED_BY_PEER)
 
-    def _forget(self, stream: _Stream) -> None:
+    def _forget(self, stream: _Stream, by_peer: bool) -> None:
         if self._streams.pop(stream.id, None) is not None:
-            self._blocked.discard(stream)
+            self._closed_streams.add(stream.id, by_peer)
+            self._unblock(stream)
             self._check_idle()
 
     def _reset(self, stream: _Stream, code: int) -> None:
-        self._write(f.rst_stream(stream.id, code))
+        self._control(f.rst_stream(stream.id, code))
         self._streams.pop(stream.id, None)
+        self._closed_streams.add(stream.id, CLOSED_BY_US)
         self._drop(stream)
         self._check_idle()
 
     def _drop(self, stream: _Stream) -> None:
         """The stream is gone (reset, connection lost): nothing more is sent; the handler is closed."""
         stream.finished = True
+        self._release_held(stream)
         stream.pending.clear()
         stream.trailers = None
-        stream.queue.clear()
-        self._blocked.discard(stream)
+        self._unblock(stream)
         if stream.task is not None:
             stream.task.cancel()
         self._release(stream)
@@ -694,17 +942,31 @@ class Connection(asyncio.Protocol):
             log.error("closing a gRPC stream failed:\n%s", "".join(traceback.format_exception(exc)))
 
     def _check_idle(self) -> None:
-        if not self._streams:
-            self.idle.set()
+        if self._streams:
+            return
+        self.idle.set()
+        if self._close_when_idle:
+            if self._out is None:
+                self.close()
+            else:
+                self._close_after_pass = True  # after what this pass wrote
+        elif self._idle_timer is not None:
+            self._idle_since = self._now()
 
     # --- flow control on the way out ---------------------------------------------------------------
     def _flush(self, stream: _Stream) -> None:
         """Send what the windows allow of ``stream``'s DATA, then its trailers once nothing is held."""
         pending = stream.pending
         while pending:
-            allowed = min(stream.send_window, self._send_window, self._peer_max_frame)
+            stream_window = self._peer_initial_window + stream.send_credit
+            allowed = min(stream_window, self._send_window, self._peer_max_frame)
             if allowed <= 0:
-                self._blocked.add(stream)
+                if stream_window <= 0:
+                    self._conn_blocked.pop(stream, None)
+                    self._window_blocked.add(stream)
+                else:
+                    self._window_blocked.discard(stream)
+                    self._conn_blocked[stream] = None
                 return
             chunk = pending[0]
             if len(chunk) <= allowed:
@@ -712,18 +974,30 @@ class Connection(asyncio.Protocol):
             else:
                 pending[0], chunk = chunk[allowed:], chunk[:allowed]
             size = len(chunk)
-            stream.send_window -= size
+            stream.send_credit -= size
             self._send_window -= size
             self._write(f.frame(f.DATA, 0, stream.id, bytes(chunk)))
-        self._blocked.discard(stream)
+        if self._conn_blocked or self._window_blocked:
+            self._unblock(stream)
         if stream.trailers is not None:
             self._send_trailers(stream)
 
-    def _flush_blocked(self) -> None:
-        for stream in list(self._blocked):
-            if self._send_window <= 0:
-                return
+    def _unblock(self, stream: _Stream) -> None:
+        self._conn_blocked.pop(stream, None)
+        self._window_blocked.discard(stream)
+
+    def _flush_conn_blocked(self) -> None:
+        """The connection window grew: streams held by it go on in the order they were held."""
+        blocked = self._conn_blocked
+        while blocked and self._send_window > 0:
+            stream = next(iter(blocked))
+            del blocked[stream]
             self._flush(stream)
+
+
+def _cancel(timer: Timer | None) -> None:
+    if timer is not None:
+        timer.cancel()
 
 
 def _unpad(payload: memoryview) -> memoryview:

@@ -51,10 +51,12 @@ FRAME_SIZE_ERROR: Final = 0x6
 REFUSED_STREAM: Final = 0x7
 CANCEL: Final = 0x8
 COMPRESSION_ERROR: Final = 0x9
+ENHANCE_YOUR_CALM: Final = 0xB
 
 DEFAULT_WINDOW: Final = 65_535
 MAX_WINDOW: Final = 2**31 - 1
 DEFAULT_MAX_FRAME: Final = 16_384
+PRIORITY_BYTES: Final = 5  # stream dependency (31 bits and E) and weight
 MAX_FRAME_LIMIT: Final = 2**24 - 1
 
 # A frame header: 24-bit length (as 16 + 8 bits), type, flags, 31-bit stream id.

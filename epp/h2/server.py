@@ -1,12 +1,20 @@
-"""The listener: accepts connections (TLS with ALPN ``h2``, or cleartext) and stops them gracefully."""
+"""The listener: accepts connections (TLS with ALPN ``h2``, or cleartext) and stops them gracefully.
+
+At most ``Limits.max_connections`` connections at once: one more is answered SETTINGS and GOAWAY
+ENHANCE_YOUR_CALM and closed. A TLS handshake must finish within the preface timeout.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Callable
 
-from epp.h2.connection import Connection, Limits, StreamFactory
+from epp.h2 import frames as f
+from epp.h2.connection import Connection, Timer
+from epp.h2.limits import Limits
+from epp.h2.streams import StreamFactory
 
 
 class GrpcServer:
@@ -23,6 +31,7 @@ class GrpcServer:
         self._methods: dict[bytes, StreamFactory] = {}
         self._connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
+        self._clock: _LoopClock | None = None
         self._stopping = False
 
     def add_method(self, path: str, factory: StreamFactory) -> None:
@@ -32,8 +41,16 @@ class GrpcServer:
         """Listen on ``host:port`` (0: any free port) and return the port. No SO_REUSEPORT: a second
         server on the same port fails here instead of silently sharing it."""
         loop = asyncio.get_running_loop()
+        self._clock = _LoopClock(loop)
+        handshake = self._limits.preface_timeout if self._ssl is not None else None
         self._server = await loop.create_server(
-            self._new_connection, host, port, ssl=self._ssl, reuse_address=True, reuse_port=False
+            self._new_connection,
+            host,
+            port,
+            ssl=self._ssl,
+            reuse_address=True,
+            reuse_port=False,
+            ssl_handshake_timeout=handshake or None,
         )
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -63,14 +80,38 @@ class GrpcServer:
         return len(self._connections)
 
     def _new_connection(self) -> Connection:
-        return Connection(self._methods, self._limits, on_made=self._made, on_lost=self._connections.discard)
+        return Connection(
+            self._methods,
+            self._limits,
+            on_made=self._made,
+            on_lost=self._connections.discard,
+            clock=self._clock,
+        )
 
-    def _made(self, connection: Connection) -> bool:
-        """A connection finished its handshake; refused (False) once the server is stopping."""
+    def _made(self, connection: Connection) -> int | None:
+        """A connection finished its handshake; refused (with an error code) once the server is
+        stopping or holds as many connections as it may."""
         if self._stopping:
-            return False
+            return f.NO_ERROR
+        if len(self._connections) >= self._limits.max_connections:
+            return f.ENHANCE_YOUR_CALM
         self._connections.add(connection)
-        return True
+        return None
+
+
+class _LoopClock:
+    """The event loop as a connection's ``Clock``."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def time(self) -> float:
+        return self._loop.time()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        return self._loop.call_later(delay, callback)
 
 
 def server_ssl_context(certificate_file: str, key_file: str) -> ssl.SSLContext:

@@ -56,6 +56,7 @@ from epp.config import (
     ServerConfig,
     WatchConfig,
 )
+from epp.h2.limits import Limits
 from epp.pickerconfig import PickerConfigError, load_picker_config
 
 log = logging.getLogger(__name__)
@@ -564,6 +565,7 @@ def _parser() -> _Parser:
         help="The event loop: auto (uvloop if installed, else asyncio's), uvloop or asyncio.",
     )
     _request_protocol_flags(ours)
+    _add_h2_flags(ours)
     return p
 
 
@@ -793,4 +795,76 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str], notes: li
         ),
         destination_fallbacks=ns.destination_endpoint_fallbacks,
         endpoint_subset_filter=not ns.disable_endpoint_subset_filter,
+        h2=_h2_limits(ns),
     )
+
+
+# --- `--h2-*`: the ext_proc port's HTTP/2 limits (ours; README "Hardening") -----------------------
+# (flag, Limits field, parser, help). Defaults are epp.h2.limits's.
+_H2_FLAGS: tuple[tuple[str, str, Callable[[str], int | float], str], ...] = (
+    ("--h2-max-concurrent-streams", "max_concurrent_streams", int, "Streams per connection (advertised)."),
+    ("--h2-stream-window", "stream_window", parse_byte_size, "Receive window per stream (bytes, 1Mi)."),
+    (
+        "--h2-connection-window",
+        "connection_window",
+        parse_byte_size,
+        "Receive window per connection; raised to hold two largest messages.",
+    ),
+    ("--h2-max-connections", "max_connections", int, "Connections at once; more are refused."),
+    (
+        "--h2-preface-timeout",
+        "preface_timeout",
+        _non_negative_duration,
+        "TLS handshake and preface (0: off).",
+    ),
+    (
+        "--h2-header-timeout",
+        "header_timeout",
+        _non_negative_duration,
+        "A header block or control frame left incomplete.",
+    ),
+    (
+        "--h2-idle-timeout",
+        "idle_timeout",
+        _non_negative_duration,
+        "A connection with no stream; a peer that reads nothing.",
+    ),
+    ("--h2-max-continuation-frames", "max_continuation_frames", int, "CONTINUATION frames per header block."),
+    (
+        "--h2-max-queued-control-frames",
+        "max_queued_control_frames",
+        int,
+        "Control replies queued to a peer that does not read.",
+    ),
+    ("--h2-max-settings-per-second", "settings_per_second", int, "SETTINGS frames a second."),
+    ("--h2-max-pings-per-second", "pings_per_second", int, "PING frames a second."),
+    (
+        "--h2-max-resets-per-second",
+        "resets_per_second",
+        int,
+        "RST_STREAM frames and refused streams a second.",
+    ),
+    (
+        "--h2-max-empty-frames-per-second",
+        "empty_frames_per_second",
+        int,
+        "Empty DATA and CONTINUATION frames a second.",
+    ),
+)
+
+
+def _add_h2_flags(p: argparse._ArgumentGroup) -> None:
+    base = Limits()
+    for flag, name, convert, text in _H2_FLAGS:
+        p.add_argument(
+            flag, type=_typed(convert, name), default=getattr(base, name), help=text + " Not upstream."
+        )
+
+
+def _h2_limits(ns: argparse.Namespace) -> Limits:
+    values = {name: getattr(ns, flag[2:].replace("-", "_")) for flag, name, _, _ in _H2_FLAGS}
+    try:
+        return Limits(**values)
+    except ValueError as exc:
+        flag = next((flag for flag, name, _, _ in _H2_FLAGS if str(exc).startswith(name)), "--h2-*")
+        raise FlagError(f"{flag}: {exc}") from exc

@@ -27,6 +27,7 @@ replicas under 32 requests in flight (benchmarks/bench_epp_faults.py): no reques
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import logging
 import random
@@ -45,7 +46,7 @@ from epp.api.types import NamespacedName
 from epp.backend.metrics import Fetcher, MetricsFetcher, PodRefreshers, new_scrape_session
 from epp.config import GRPCIO_TRANSPORT, ServerConfig
 from epp.datastore import Datastore, new_datastore
-from epp.h2 import GrpcServer, Limits
+from epp.h2 import GrpcServer
 from epp.handlers import ExtProcServicer
 from epp.handlers.accounting import Accounting
 from epp.handlers.stream import PodScheduler
@@ -475,7 +476,7 @@ class Epp:
         if config.ext_proc_transport == GRPCIO_TRANSPORT:
             await self._start_grpcio_ext_proc(servicer, pair)
             return
-        limits = Limits(max_message_bytes=config.grpc_max_message_bytes)
+        limits = dataclasses.replace(config.h2, max_message_bytes=config.grpc_max_message_bytes)
         server = GrpcServer(limits=limits, ssl_context=None if pair is None else ssl_context(pair))
         servicer.add_to_h2_server(server)
         self._ports["grpc"] = await server.start(config.bind_address, config.grpc_port)

@@ -187,6 +187,43 @@ HELM: Final = GoBuild(
     ldflags=helm_ldflags,
 )
 
+# h2spec, the HTTP/2 conformance suite run against our ext_proc server (tests/integration/
+# test_h2spec.py): a pre-modules release, so its go.mod is the proxy's one-line stand-in: the wrapper
+# gets a go directive of its own and pins the dependencies h2spec imports (else -mod=mod would take
+# whatever is newest). It has no stamped version (it prints 2.0.0): proven by its build info.
+H2SPEC_VERSION: Final = "2.2.1+incompatible"
+_H2SPEC_DEPENDENCIES: Final = (
+    "github.com/fatih/color v1.19.0",
+    "github.com/mattn/go-colorable v0.1.14",
+    "github.com/mattn/go-isatty v0.0.20",
+    "github.com/spf13/cobra v1.10.2",
+    "github.com/spf13/pflag v1.0.9",
+    "golang.org/x/net v0.62.0",
+    "golang.org/x/sys v0.49.0",
+    "golang.org/x/text v0.43.0",
+)
+H2SPEC: Final = GoBuild(
+    name="h2spec",
+    module="github.com/summerwind/h2spec",
+    version=H2SPEC_VERSION,
+    binaries=(
+        GoBinary(
+            "h2spec",
+            "github.com/summerwind/h2spec/cmd/h2spec",
+            (),
+            f"mod\tgithub.com/summerwind/h2spec\tv{H2SPEC_VERSION}\t",
+        ),
+    ),
+    go_mod_extra=lambda _context: ["require (", *(f"\t{d}" for d in _H2SPEC_DEPENDENCIES), ")"],
+    legacy_go="1.21",
+)
+
+
+def h2spec_path(progress: TextIO | None = None) -> Path:
+    """The pinned h2spec, built into the cache if needed (about a minute cold, once)."""
+    return gobuild.ensure(H2SPEC, progress)["h2spec"].path
+
+
 BUILDS: Final = (ETCD, KUBERNETES)
 """Everything ``harness build`` ensures, in this order."""
 

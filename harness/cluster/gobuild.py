@@ -123,6 +123,9 @@ class GoBuild:
     ldflags: Callable[[BuildContext], str] = _plain_ldflags
     tags: str = ""
     go_mod_extra: Callable[[BuildContext], Sequence[str]] | None = None
+    # The wrapper's go directive when upstream's go.mod has none (a pre-modules "+incompatible"
+    # release, whose go.mod the proxy synthesises from the module path alone).
+    legacy_go: str = ""
 
     @property
     def wrapper_module(self) -> str:
@@ -164,9 +167,21 @@ def parse_go_version(text: str) -> tuple[int, int, int] | None:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
+def upstream_go_directive(build: GoBuild, go_mod: str) -> str:
+    """Upstream's go directive, or the declaration's ``legacy_go`` for a go.mod without one."""
+    if build.legacy_go and _GO_DIRECTIVE_RE.search(go_mod) is None:
+        return build.legacy_go
+    return go_directive(go_mod)
+
+
 def wrapper_go_mod(build: GoBuild, context: BuildContext) -> str:
     """The wrapper module: upstream's go directive, a require of the module, and the declaration's extras."""
-    lines = [f"module {build.wrapper_module}", "", f"go {go_directive(context.upstream_go_mod)}", ""]
+    lines = [
+        f"module {build.wrapper_module}",
+        "",
+        f"go {upstream_go_directive(build, context.upstream_go_mod)}",
+        "",
+    ]
     if build.go_mod_extra is not None:
         lines += [*build.go_mod_extra(context), ""]
     lines += [f"require {build.module} v{build.version}", ""]
@@ -350,7 +365,7 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
         _say(out, f"{step} 1/4 resolving {build.module}@v{build.version} (go mod download) for {names}")
         info = _download_module_info(go, f"{build.module}@v{build.version}", workdir, env)
         upstream = Path(info["GoMod"]).read_text(encoding="utf-8")
-        required = parse_go_version(go_directive(upstream))
+        required = parse_go_version(upstream_go_directive(build, upstream))
         if required is not None:
             require_go(required[:2], go)
         origin = info.get("Origin") or {}

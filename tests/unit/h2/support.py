@@ -19,6 +19,7 @@ from hpack import Encoder
 
 from epp.h2 import frames as f
 from epp.h2.connection import Connection, GrpcStream, Limits
+from epp.h2.limits import GOAWAY_GRACE
 
 PATH = "/test.Echo/Chat"
 
@@ -39,12 +40,59 @@ def grpc_messages(data: bytes) -> list[bytes]:
     return out
 
 
+class FakeTimer:
+    def __init__(self, due: float, callback: Callable[[], None]) -> None:
+        self.due = due
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClock:
+    """A connection's ``Clock`` whose time moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[FakeTimer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> FakeTimer:
+        timer = FakeTimer(self.now + delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Move time on, running every timer that falls due (including ones armed on the way)."""
+        end = self.now + seconds
+        while True:
+            due = [t for t in self.timers if not t.cancelled and t.due <= end]
+            if not due:
+                break
+            timer = min(due, key=lambda t: t.due)
+            self.timers.remove(timer)
+            self.now = max(self.now, timer.due)
+            timer.callback()
+        self.now = end
+
+    @property
+    def armed(self) -> int:
+        return sum(1 for t in self.timers if not t.cancelled)
+
+
 class FakeTransport:
     """What the Connection writes; ``close`` is remembered (the test calls ``connection_lost``)."""
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
         self.closed = False
+        self.aborted = False
+        self.reading = True
+        self.buffered = 0  # what get_write_buffer_size answers (the peer has not read that much)
+        self.high_water: int | None = None
 
     def write(self, data: bytes) -> None:
         assert not self.closed, "write after close"
@@ -52,6 +100,21 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high_water = high
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -156,7 +219,10 @@ class Wire:
         self.recorder = Recorder()
         self.script = script or Script()
         self.transport = FakeTransport()
-        self.server = Connection({PATH.encode(): self.recorder.factory(self.script)}, limits or Limits())
+        self.clock = FakeClock()
+        self.server = Connection(
+            {PATH.encode(): self.recorder.factory(self.script)}, limits or Limits(), clock=self.clock
+        )
         self.server.connection_made(self.transport)  # type: ignore[arg-type]
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self.client = h2.connection.H2Connection(config)
@@ -186,6 +252,13 @@ class Wire:
         self.client.send_data(
             stream_id, b"".join(grpc_message(m) for m in messages), end_stream=end, **kwargs
         )
+
+    def send_bytes(self, stream_id: int, data: bytes, end: bool = False) -> None:
+        """``data`` as DATA frames no larger than the server allows."""
+        size = self.client.max_outbound_frame_size
+        for start in range(0, len(data), size):
+            last = start + size >= len(data)
+            self.client.send_data(stream_id, data[start : start + size], end_stream=end and last)
 
     def raw(self, data: bytes) -> None:
         """Bytes straight to the server (frames the client library would never write)."""
@@ -234,6 +307,11 @@ class Wire:
             elif isinstance(event, h2.events.StreamReset):
                 result.reset = event.error_code
 
+    def ended(self) -> bool:
+        """Whether the server closed the connection, once a GOAWAY's linger is over."""
+        self.clock.advance(GOAWAY_GRACE)
+        return self.transport.closed
+
     def lose(self) -> None:
         self.transport.close()
         self.server.connection_lost(None)
@@ -260,6 +338,15 @@ def frames_in(data: bytes) -> list[tuple[int, int, int, bytes]]:
         out.append((kind, flags, stream_id, data[position + 9 : position + 9 + length]))
         position += 9 + length
     return out
+
+
+def resets_in(data: bytes) -> dict[int, int]:
+    """Stream id → error code of every RST_STREAM in ``data`` (raw server output)."""
+    return {
+        sid: int(f.U32.unpack(payload)[0])
+        for kind, _, sid, payload in frames_in(data)
+        if kind == f.RST_STREAM
+    }
 
 
 def goaway_code(data: bytes) -> int | None:

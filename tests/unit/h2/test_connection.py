@@ -225,6 +225,24 @@ async def _test_a_suspended_handle_keeps_later_messages_waiting_in_order() -> No
     assert handler.closed == 1
 
 
+def test_streams_suspended_on_the_same_future_in_one_pass_all_resume() -> None:
+    asyncio.run(_test_streams_suspended_on_the_same_future_in_one_pass_all_resume())
+
+
+async def _test_streams_suspended_on_the_same_future_in_one_pass_all_resume() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    streams = [wire.open() for _ in range(3)]
+    for sid in streams:
+        wire.send(sid, b"wait", end=True)
+    wire.pump()  # one pass: the three handlers await the same future before any task runs
+    gate.set_result(None)
+    await wire.settle()
+    assert [(wire.results[sid].replies, wire.results[sid].status) for sid in streams] == [
+        ([b"re:wait"], 0)
+    ] * 3
+
+
 def test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler_once() -> None:
     asyncio.run(_test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler_once())
 
@@ -244,6 +262,31 @@ async def _test_a_client_reset_cancels_a_suspended_handle_and_closes_its_handler
     assert handler.closed == 1
     assert wire.server.open_streams == 0
     assert not gate.done()  # the test's future is untouched; only the handler was cancelled
+    gate.cancel()
+
+
+def test_a_handle_cancelled_in_its_task_is_not_reported_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    asyncio.run(_test_a_handle_cancelled_in_its_task_is_not_reported_as_a_failure(caplog))
+
+
+async def _test_a_handle_cancelled_in_its_task_is_not_reported_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    sid = wire.open()
+    wire.send(sid, b"wait")
+    wire.pump()
+    await wire.settle()  # the task has taken the handle over
+    with caplog.at_level(logging.ERROR, logger="epp.h2.connection"):
+        wire.client.reset_stream(sid, f.CANCEL)
+        wire.pump()
+        await wire.settle()
+    assert wire.recorder.handlers[0].cancelled
+    assert wire.recorder.handlers[0].closed == 1
+    assert caplog.records == []
     gate.cancel()
 
 
@@ -318,7 +361,7 @@ PROTOCOL_VIOLATIONS = [
     pytest.param(f.window_update(0, f.MAX_WINDOW), f.FLOW_CONTROL_ERROR, id="window-overflow"),
     pytest.param(f.window_update(0, 0), f.PROTOCOL_ERROR, id="window-update-of-zero"),
     pytest.param(f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"), f.PROTOCOL_ERROR, id="push"),
-    pytest.param(f.frame(f.PING, 0, 0, b"short"), f.PROTOCOL_ERROR, id="ping-length"),
+    pytest.param(f.frame(f.PING, 0, 0, b"short"), f.FRAME_SIZE_ERROR, id="ping-length"),
     pytest.param(
         b"\x10\x00\x01" + b"\x00\x00\x00\x00\x00\x01", f.FRAME_SIZE_ERROR, id="frame-over-the-limit"
     ),
@@ -330,7 +373,7 @@ def test_a_protocol_violation_ends_the_connection_with_goaway(data: bytes, code:
     wire = Wire(limits=Limits(max_frame_bytes=f.DEFAULT_MAX_FRAME))
     wire.raw(data)
     assert goaway_code(wire.transport.take()) == code
-    assert wire.transport.closed
+    assert wire.ended()
 
 
 def test_a_connection_without_the_http2_preface_is_refused() -> None:
@@ -345,9 +388,10 @@ def test_a_connection_without_the_http2_preface_is_refused() -> None:
 def test_a_broken_stream_does_not_end_the_connection() -> None:
     wire = Wire()
     sid = wire.open()
-    wire.send(sid, b"one", end=True)
+    wire.send(sid, b"end")  # the server ends the stream and resets the client's half
     wire.pump()
-    wire.raw(f.window_update(sid, 5))  # a closed stream: frames in flight are expected
+    assert wire.results[sid].reset == f.NO_ERROR
+    wire.raw(f.window_update(sid, 5))  # a stream we closed: frames in flight are expected
     wire.raw(f.frame(f.DATA, 0, sid, b"late"))
     assert not wire.transport.closed
     other = wire.open()

@@ -453,3 +453,18 @@ def test_helm_is_stamped_as_its_makefile_does() -> None:
         ("version", "--short"),
         "v3.19.0",
     )
+
+
+def test_a_pre_modules_release_gets_the_declared_go_directive_and_its_pinned_dependencies() -> None:
+    synthesised = "module github.com/summerwind/h2spec\n"  # what the proxy serves for +incompatible
+    context = BuildContext(
+        go_binaries.H2SPEC_VERSION, synthesised, None, dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    )
+    wrapper = gobuild.wrapper_go_mod(go_binaries.H2SPEC, context)
+    assert "\ngo 1.21\n" in wrapper
+    assert "require github.com/summerwind/h2spec v2.2.1+incompatible" in wrapper
+    assert "\tgolang.org/x/net v0.62.0" in wrapper
+    with pytest.raises(gobuild.GoBuildError, match="no 'go' directive"):  # without legacy_go: still an error
+        gobuild.wrapper_go_mod(dataclasses.replace(go_binaries.H2SPEC, legacy_go=""), context)
+    real = "module example.com/m\n\ngo 1.24.0\n"
+    assert gobuild.upstream_go_directive(go_binaries.H2SPEC, real) == "1.24.0"  # a real one wins

@@ -1,0 +1,94 @@
+"""Well-formed requests and trailers (RFC 9113 §8.1.1, §8.2, §8.3): the pure checks, and what a stream
+that breaks them gets."""
+
+from __future__ import annotations
+
+import pytest
+from hpack import Encoder
+
+from epp.h2 import frames as f
+from epp.h2.headers import Malformed, check_request, check_trailers
+
+from .support import PATH, Wire, grpc_message, resets_in
+
+GOOD = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":path", b"/a.B/C"),
+    (b":authority", b"x"),
+    (b"te", b"trailers"),
+]
+
+
+def test_a_well_formed_request_gives_its_path_and_content_length() -> None:
+    assert check_request(GOOD) == (b"/a.B/C", None)
+    assert check_request([*GOOD, (b"content-length", b"12")]) == (b"/a.B/C", 12)
+
+
+MALFORMED = [
+    pytest.param([*GOOD, (b"X-Upper", b"1")], id="uppercase-name"),
+    pytest.param([*GOOD, (b":status", b"200")], id="response-pseudo-header"),
+    pytest.param([*GOOD, (b":foo", b"1")], id="unknown-pseudo-header"),
+    pytest.param([(b"x", b"1"), *GOOD], id="pseudo-header-after-a-field"),
+    pytest.param([*GOOD, (b":path", b"/again")], id="duplicated-path"),
+    pytest.param([*GOOD, (b":method", b"GET")], id="duplicated-method"),
+    pytest.param([p for p in GOOD if p[0] != b":method"], id="no-method"),
+    pytest.param([p for p in GOOD if p[0] != b":scheme"], id="no-scheme"),
+    pytest.param([p for p in GOOD if p[0] != b":path"], id="no-path"),
+    pytest.param([(n, b"" if n == b":path" else v) for n, v in GOOD], id="empty-path"),
+    pytest.param([*GOOD, (b"connection", b"keep-alive")], id="connection-specific"),
+    pytest.param([*GOOD, (b"transfer-encoding", b"chunked")], id="transfer-encoding"),
+    pytest.param([(n, b"gzip" if n == b"te" else v) for n, v in GOOD], id="te-not-trailers"),
+    pytest.param([*GOOD, (b"content-length", b"1x")], id="bad-content-length"),
+    pytest.param([*GOOD, (b"content-length", b"1"), (b"content-length", b"2")], id="two-content-lengths"),
+]
+
+
+@pytest.mark.parametrize("headers", MALFORMED)
+def test_a_malformed_request_is_refused(headers: list[tuple[bytes, bytes]]) -> None:
+    with pytest.raises(Malformed):
+        check_request(headers)
+
+
+def test_trailers_carry_no_pseudo_headers() -> None:
+    check_trailers([(b"grpc-status", b"0")])
+    with pytest.raises(Malformed):
+        check_trailers([(b":path", b"/")])
+
+
+def _open(stream_id: int, extra: list[tuple[str, str]], end_stream: bool = False) -> bytes:
+    block = Encoder().encode(
+        [(":method", "POST"), (":scheme", "http"), (":path", PATH), (":authority", "t"), *extra]
+    )
+    return f.frame(f.HEADERS, f.END_HEADERS | (f.END_STREAM if end_stream else 0), stream_id, block)
+
+
+STREAM_ERRORS = [
+    pytest.param(_open(1, [("connection", "close")]), id="malformed-request"),
+    pytest.param(
+        _open(1, [("content-length", "3")]) + f.frame(f.DATA, f.END_STREAM, 1, grpc_message(b"x")),
+        id="more-data-than-content-length",
+    ),
+    pytest.param(
+        _open(1, [("content-length", "100")]) + f.frame(f.DATA, f.END_STREAM, 1, grpc_message(b"x")),
+        id="less-data-than-content-length",
+    ),
+    pytest.param(_open(1, [("content-length", "1")], end_stream=True), id="content-length-without-data"),
+    pytest.param(
+        _open(1, [])
+        + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, Encoder().encode([(":path", "/")])),
+        id="pseudo-header-in-trailers",
+    ),
+]
+
+
+@pytest.mark.parametrize("frames", STREAM_ERRORS)
+def test_a_malformed_stream_is_reset_with_protocol_error_and_the_connection_serves_on(frames: bytes) -> None:
+    wire = Wire()
+    wire.transport.take()
+    wire.raw(frames)
+    assert resets_in(wire.transport.take()) == {1: f.PROTOCOL_ERROR}
+    wire.raw(_open(3, [("content-length", str(len(grpc_message(b"ok"))))]))
+    wire.raw(f.frame(f.DATA, f.END_STREAM, 3, grpc_message(b"ok")))
+    assert wire.recorder.handlers[-1].messages == [b"ok"]
+    assert not wire.transport.closed
