@@ -185,6 +185,7 @@ class EppInProcess:
                 client,
                 store,
                 pool,
+                pool_group=config.pool_group,
                 reconcilers=reconcilers,
                 bookmark_interval=config.watch.bookmark_interval,
             ),

@@ -69,7 +69,7 @@ from harness.base.binaries import BinaryNotFoundError
 from harness.base.eventually import eventually
 from harness.base.ports import LOOPBACK, PortReservation, claim_port, reserve_port
 from harness.base.process import ManagedProcess, temp_prefix
-from harness.cluster import go_binaries
+from harness.cluster import go_binaries, releases
 from harness.cluster.certs import UNVERIFIED_EXT_PROC_TLS, ExtProcTls
 from harness.dataplane.envoy import RequestBodyMode
 from harness.subject import epp_probe, flag_profiles
@@ -149,8 +149,9 @@ class EppCommand:
 
     @classmethod
     def ours(cls) -> EppCommand:
-        """Our EPP, as ``EppProcess`` runs it (``python -m epp``)."""
-        return cls((sys.executable, "-m", "epp"), "ours", (), "epp (ours)")
+        """Our EPP, as ``EppProcess`` runs it (``python -m epp``): upstream v1's flag names, so it is
+        told the pool group of the CRDs the harness installed."""
+        return cls((sys.executable, "-m", "epp"), "ours", (), "epp (ours)", flags=flag_profiles.V1)
 
     @classmethod
     def upstream(cls, version: str = go_binaries.UPSTREAM_EPP_VERSION) -> EppCommand:
@@ -196,7 +197,9 @@ class ForeignEpp(EppProcessIdentity):
     extra_env: Mapping[str, str] = field(default_factory=dict)
     verbosity: int = 2
     fixed_port_wait: float = 0.0
-    pool_group: str | None = None  # passed where the dialect has the flag (v1, lwepp)
+    # Passed where the dialect has the flag (v1, lwepp); None: the group of the default CRD release's
+    # generation (what the harness installs unless told otherwise).
+    pool_group: str | None = None
     _ports: dict[str, PortReservation] = field(default_factory=dict, init=False)
     _fixed: list[PortReservation] = field(default_factory=list, init=False)
     _process: ManagedProcess | None = field(default=None, init=False)
@@ -220,8 +223,9 @@ class ForeignEpp(EppProcessIdentity):
             args.append(f"{flags.cert_path}={self._cert_dir}")
         if flags.verbosity:
             args.append(f"{flags.verbosity}={self.verbosity}")
-        if flags.pool_group and self.pool_group:
-            args.append(f"{flags.pool_group}={self.pool_group}")
+        if flags.pool_group:
+            group = self.pool_group or releases.generation_of(releases.default_release()).pool_group
+            args.append(f"{flags.pool_group}={group}")
         if self.command.dialect == "ours":
             args += [f"--bindAddress={LOOPBACK}", f"--debugPort={self._ports['debug'].port}", *self.ours_args]
         return [*args, *self.extra_args]

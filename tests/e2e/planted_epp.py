@@ -42,6 +42,7 @@ async def serve(config: ServerConfig) -> int:
             client,
             store,
             pool,
+            pool_group=config.pool_group,
             bookmark_interval=config.watch.bookmark_interval,
             reconcilers=Reconcilers(pod=deletion_blind_pods),
         )

@@ -16,6 +16,7 @@ import pytest
 from harness.beds.stack import BASE_MODEL, ModelSpec
 from harness.plugin.stack_fixtures import StackFactory
 from harness.scenarios.support import cluster_of
+from harness.subject import flag_profiles
 from harness.subject.foreign_epp import EppCommand
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +27,11 @@ PRE_STOP_S = 120  # the terminating pod stays Ready and serving for the whole te
 DEFECT_TIMEOUT_S = 20.0  # our EPP converges within a round or two; the planted one never does
 
 PLANTED = EppCommand(
-    (sys.executable, "-m", "tests.e2e.planted_epp"), "upstream", (), "epp with a planted defect"
+    (sys.executable, "-m", "tests.e2e.planted_epp"),
+    "upstream",
+    (),
+    "epp with a planted defect",
+    flags=flag_profiles.V1,  # our flag names: it is told the pool group
 )
 
 
