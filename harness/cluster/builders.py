@@ -22,9 +22,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Self
 
+from harness.cluster.releases import V1ALPHA2
+
 JsonObject = dict[str, Any]
 
-CRD_API_VERSION: Final = "inference.networking.x-k8s.io/v1alpha2"
+# The generation the builders write (harness.cluster.releases is the one place that names them).
+CRD_API_VERSION: Final = V1ALPHA2.pool_api_version
 DEFAULT_NAMESPACE: Final = "default"
 HOLD_FINALIZER: Final = "harness.test/hold"
 SIM_CONTAINER: Final = "sim"

@@ -37,8 +37,8 @@ CRD_MODULE: Final = "sigs.k8s.io/gateway-api-inference-extension"
 _MANIFEST_DIR: Final = "config/crd/bases"
 
 # The kinds the EPP reads, at the API version of the default release.
-CRD_GROUP: Final = "inference.networking.x-k8s.io"
-CRD_VERSION: Final = "v1alpha2"
+CRD_GROUP: Final = releases.V1ALPHA2.pool_group
+CRD_VERSION: Final = releases.V1ALPHA2.pool_version
 CRD_API_VERSION: Final = f"{CRD_GROUP}/{CRD_VERSION}"
 POOL_KIND: Final = "InferencePool"
 POOL_PLURAL: Final = "inferencepools"

@@ -18,6 +18,7 @@ import pytest
 
 from harness.base.eventually import eventually
 from harness.beds.stack import Stack
+from harness.cluster.builders import CRD_API_VERSION
 from harness.cluster.kubectl import kubectl as run_kubectl
 from harness.plugin.stack_fixtures import StackFactory
 from harness.scenarios.support import (
@@ -41,7 +42,7 @@ def kubectl(stack: Stack, *args: str, stdin: str | None = None) -> str:
 
 def manifest(stack: Stack) -> str:
     return f"""
-apiVersion: inference.networking.x-k8s.io/v1alpha2
+apiVersion: {CRD_API_VERSION}
 kind: InferenceModel
 metadata:
   name: {MODEL}
