@@ -236,8 +236,26 @@ class Cluster:
             name = str(body["metadata"]["name"])
             pod = self._await_running(name, ready=ready)
             ports = tuple(int(c["ports"][0]["containerPort"]) for c in body["spec"]["containers"])
-            added.append(self._remember(name, pod, ports, body))
+            known = self._remember(name, pod, ports, body)
+            if not ready:
+                self._await_listening(known)
+            added.append(known)
         return added
+
+    def _await_listening(self, pod: ClusterPod) -> None:
+        """Until every simulator of a pod that is Running but not Ready answers its admin port.
+
+        Running means the process started, not that it listens yet: a Ready pod proved that through
+        its readiness probe, a pod created unready did not, and a test's next call to its simulator
+        (``pod_ready``) would be refused while the interpreter is still starting."""
+        for port in pod.ports:
+            sim = pod.sim(port)
+            eventually(
+                sim.info,
+                timeout=self.pod_timeout,
+                retry_on=(ConnectionRefusedError,),
+                message=f"the simulator of {pod.name}:{port} listens",
+            )
 
     def _remember(self, name: str, pod: JsonObject, ports: tuple[int, ...], body: JsonObject) -> ClusterPod:
         labels = dict(pod["metadata"].get("labels") or {})

@@ -195,3 +195,14 @@ def test_killed_simulator_is_restarted_and_routed_to_again(testbed: TestBed) -> 
     testbed.eventually_consistent()
     assert testbed.routed_pod(MODEL) == "p1"
     assert testbed.sim("p1").requests_by_model() == {}, "routing is not serving: nothing was sent yet"
+
+
+def test_a_pod_created_unready_can_be_made_ready_at_once(testbed: TestBed) -> None:
+    """Running is not listening: a pod created unready is Running as soon as its process starts, and
+    the harness must not hand it back before its simulator answers (the churn run once flipped it
+    Ready within milliseconds and was refused)."""
+    for attempt in range(3):
+        name = f"late-{attempt}"
+        testbed.add_pod(name, ready=False)
+        testbed.pod_ready(name)
+        assert is_ready(testbed.kube.pods.get(testbed.namespace, name))
