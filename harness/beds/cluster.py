@@ -37,11 +37,12 @@ from kubernetes.client.exceptions import ApiException
 
 from harness.base.addresses import AddressPool
 from harness.base.eventually import eventually
-from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder, SimPodBuilder
+from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder, SimPodBuilder, objective_headers
 from harness.cluster.forged import ForgedKubelet
-from harness.cluster.kube import JsonObject, Kube, deleted_by_this_write, response_json
+from harness.cluster.kube import CustomResourceClient, JsonObject, Kube, deleted_by_this_write, response_json
 from harness.cluster.namespaces import TEST_LABEL, create_namespace
 from harness.cluster.pod_status import container_statuses, is_ready
+from harness.cluster.releases import V1, Generation
 from harness.sim import ADMIN_PORT_OFFSET, ModelServerSim, SimAdmin, SimConfig, SimThread, sim_args
 from harness.verdicts.settle import PODS, SettleBarrier
 
@@ -98,16 +99,20 @@ class Cluster:
         pool_name: str = DEFAULT_POOL,
         sim_config: SimConfig | None = None,
         pod_timeout: float = POD_TIMEOUT_S,
+        generation: Generation | None = None,
     ) -> None:
         self.namespace = namespace
         self.pool_name = pool_name
         self.barrier = barrier
-        self.kube = Kube(api_client, on_write=barrier.record)
+        self.kube = Kube(api_client, on_write=barrier.record, generation=generation)
+        self.generation = self.kube.generation
         self.forged = ForgedKubelet(api_client, on_write=barrier.record)
         self.sim_config = sim_config or DEFAULT_SIM_CONFIG
         self.pod_timeout = pod_timeout
         self.pods: dict[str, ClusterPod] = {}
-        self.port = DEFAULT_PORT  # the pool's targetPortNumber as last applied here
+        self.port = DEFAULT_PORT  # the pool's (first) target port as last applied here
+        # v1: the InferenceObjective a request for a model names (its oldest claimant's, as applied here).
+        self._objectives: dict[str, tuple[str, str]] = {}  # model name -> (namespace, objective name)
         self._addresses = AddressPool()  # forged pods only: the agent gives the others theirs
         self._namespaces: list[str] = []
 
@@ -137,25 +142,36 @@ class Cluster:
 
     # ------------------------------------------------------------------ pools and models
     def apply_pool(
-        self, selector: Mapping[str, str] | None = None, port: int = DEFAULT_PORT, name: str | None = None
+        self,
+        selector: Mapping[str, str] | None = None,
+        port: int | Sequence[int] = DEFAULT_PORT,
+        name: str | None = None,
     ) -> JsonObject:
-        """Create the pool, or replace its spec if it exists (selector and port changes)."""
+        """Create the pool, or replace its spec if it exists (selector and port changes). Several
+        ports are a v1 pool's ``targetPorts``."""
         name = name or self.pool_name
+        ports = [port] if isinstance(port, int) else list(port)
         body = (
             PoolBuilder(name)
             .namespace(self.namespace)
             .selector(dict(selector or {DEFAULT_APP_LABEL: name}))
-            .port(port)
+            .ports(*ports)
             .extension_ref("epp")
-            .build()
+            .build(self.generation)
         )
         if name == self.pool_name:
-            self.port = port
+            self.port = ports[0]
         existing = _named(self.kube.pools.list(self.namespace), name)
         if existing is None:
             return self.kube.pools.create(self.namespace, body)
         body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
         return self.kube.pools.replace(self.namespace, body)
+
+    def pool_selector(self, name: str | None = None) -> dict[str, str]:
+        """The pool's selector as the API holds it (v1: ``spec.selector.matchLabels``)."""
+        pool = self.kube.pools.get(self.namespace, name or self.pool_name)
+        selector = pool["spec"]["selector"]
+        return dict(selector["matchLabels"] if self.generation is V1 else selector)
 
     def delete_pool(self, name: str | None = None) -> None:
         self.kube.pools.delete(self.namespace, name or self.pool_name)
@@ -170,21 +186,50 @@ class Cluster:
         pool: str | None = None,
         namespace: str | None = None,
     ) -> JsonObject:
+        """Serve a model as described (``ModelBuilder``): an InferenceModel, or in v1 its rewrite and
+        objective. Returns the object that claims the model name (InferenceModel or rewrite)."""
         ns = namespace or self.namespace
         builder = ModelBuilder(name).namespace(ns).model_name(model_name or name).pool(pool or self.pool_name)
         if criticality:
             builder = builder.criticality(criticality)
         for target, weight in targets:
             builder = builder.target(target, weight=weight)
-        body = builder.build()
-        existing = _named(self.kube.models.list(ns), name)
-        if existing is None:
-            return self.kube.models.create(ns, body)
-        body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-        return self.kube.models.replace(ns, body)
+        written = [
+            self._apply(self._model_client(kind), ns, body) for kind, body in builder.objects(self.generation)
+        ]
+        if self.generation is V1:
+            self._objectives.setdefault(builder.served_model, (ns, name))
+        return written[0]
 
     def delete_model(self, name: str, namespace: str | None = None) -> None:
-        self.kube.models.delete(namespace or self.namespace, name)
+        ns = namespace or self.namespace
+        for kind in self._model_kinds():
+            self._model_client(kind).delete(ns, name)
+        self._objectives = {m: o for m, o in self._objectives.items() if o != (ns, name)}
+
+    def objective_headers(self, model: str | None) -> dict[str, str]:
+        """The headers a request for ``model`` carries so the EPP applies its criticality: in v1 the
+        objective's name (``x-gateway-inference-objective``); none in v1alpha2."""
+        objective = self._objectives.get(model or "")
+        return objective_headers(objective[1] if objective else None, self.generation)
+
+    def _model_kinds(self) -> tuple[str, ...]:
+        return self.generation.model_kinds
+
+    def _model_client(self, kind: str) -> CustomResourceClient:
+        clients = {
+            "InferenceModel": self.kube.models,
+            "InferenceObjective": self.kube.objectives,
+            "InferenceModelRewrite": self.kube.rewrites,
+        }
+        return clients[kind]
+
+    def _apply(self, resources: CustomResourceClient, namespace: str, body: JsonObject) -> JsonObject:
+        existing = _named(resources.list(namespace), str(body["metadata"]["name"]))
+        if existing is None:
+            return resources.create(namespace, body)
+        body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+        return resources.replace(namespace, body)
 
     # ------------------------------------------------------------------ pods the node agent runs
     def pod_body(

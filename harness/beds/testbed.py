@@ -24,6 +24,7 @@ from kubernetes import client
 from epp.config import DEFAULT_WATCH_BOOKMARK_INTERVAL
 from epp.k8s.controllers import Reconcilers
 from harness.beds.cluster import DEFAULT_POOL, DEFAULT_PORT, Cluster, ClusterPod
+from harness.cluster.releases import V1
 from harness.dataplane.extproc_client import ExtProcResult, request_headers
 from harness.sim import SimAdmin, SimConfig
 from harness.subject.epp_inprocess import EppInProcess, EppSettings
@@ -105,7 +106,10 @@ class TestBed:
 
     # ------------------------------------------------------------------ the cluster part
     def apply_pool(
-        self, selector: Mapping[str, str] | None = None, port: int = DEFAULT_PORT, name: str | None = None
+        self,
+        selector: Mapping[str, str] | None = None,
+        port: int | Sequence[int] = DEFAULT_PORT,
+        name: str | None = None,
     ) -> dict[str, Any]:
         return self.cluster.apply_pool(selector, port, name)
 
@@ -256,6 +260,9 @@ class TestBed:
         bodyless: bool = False,
     ) -> ExtProcResult:
         client_ = self.epp.ext_proc()
+        objective = self.cluster.objective_headers(model)
+        if objective:
+            headers = {**(headers or request_headers()), **objective}
         if bodyless:
             return client_.route(None, headers=headers or request_headers("/v1/models", method="GET"))
         if body is None:
@@ -264,6 +271,19 @@ class TestBed:
                 payload["model"] = model
             return client_.route(payload, headers=headers, chunks=chunks)
         return client_.route(body, headers=headers, chunks=chunks)
+
+    def assert_not_declared(self, model: str) -> None:
+        """No object of the pool declares ``model`` any more, and the EPP acts on that: a v1alpha2
+        pool serves declared models only (404); a v1 pool passes any model through as named, so the
+        request is routed with its body untouched (no rewrite, no objective applied)."""
+        result = self.route(model)
+        if self.cluster.generation is V1:
+            assert result.status == 200, (
+                f"an undeclared model routes as named in v1: {result.status} {result.message}"
+            )
+            assert result.body is None, f"an undeclared model must not be rewritten: {result.body!r}"
+        else:
+            assert result.status == 404, f"an undeclared model is unroutable in v1alpha2: {result.status}"
 
     def routed_pod(self, model: str | None, **route_args: Any) -> str:
         """Route one request that must succeed; the name of the pod it went to.

@@ -22,12 +22,14 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Self
 
-from harness.cluster.releases import V1ALPHA2
+from harness.cluster.releases import V1, V1ALPHA2, Generation
 
 JsonObject = dict[str, Any]
 
-# The generation the builders write (harness.cluster.releases is the one place that names them).
+# InferenceModel's group/version (harness.cluster.releases is the one place that names them).
 CRD_API_VERSION: Final = V1ALPHA2.pool_api_version
+DEFAULT_EPP_GRPC_PORT: Final = 9002  # the EPP's ext_proc port, v0.3.0's extensionRef default
+OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"  # names a v1 request's InferenceObjective
 DEFAULT_NAMESPACE: Final = "default"
 HOLD_FINALIZER: Final = "harness.test/hold"
 SIM_CONTAINER: Final = "sim"
@@ -285,23 +287,40 @@ def container_status(ready: bool, started_at: datetime) -> JsonObject:
 
 
 class PoolBuilder(_ObjectBuilder):
-    """An InferencePool (v1alpha2)."""
+    """An InferencePool, described once and rendered for either generation by ``build``.
 
-    _api_version = CRD_API_VERSION
+    v1alpha2: ``selector`` a plain map, ``targetPortNumber``, ``extensionRef``. v1: ``selector.matchLabels``,
+    ``targetPorts`` (one entry per port), ``endpointPickerRef`` (its ``port`` required for a Service,
+    so it defaults to the EPP's gRPC port), ``appProtocol``.
+    """
+
     _kind = "InferencePool"
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
-        self._spec: JsonObject = {}
+        self._selector: dict[str, str] | None = None
+        self._ports: list[int] = []
+        self._picker: JsonObject | None = None
+        self._app_protocol: str | None = None
 
     def selector(self, labels: Mapping[str, str] | None = None, /, **more: str) -> Self:
-        """Set (replace) ``spec.selector``; pass a mapping for keys that are not identifiers."""
-        self._spec["selector"] = _merged_labels(labels, more)
+        """Set (replace) the selector; pass a mapping for keys that are not identifiers."""
+        self._selector = _merged_labels(labels, more)
         return self
 
     def port(self, port: int) -> Self:
-        """``spec.targetPortNumber``."""
-        self._spec["targetPortNumber"] = port
+        """The one target port (``targetPortNumber``; v1: ``targetPorts: [{number}]``)."""
+        self._ports = [port]
+        return self
+
+    def ports(self, *ports: int) -> Self:
+        """v1 ``targetPorts`` (data-parallel ranks); v1alpha2 has room for the first one only."""
+        self._ports = list(ports)
+        return self
+
+    def app_protocol(self, protocol: str) -> Self:
+        """v1 ``appProtocol`` (``http`` or ``kubernetes.io/h2c``); v1alpha2 has no such field."""
+        self._app_protocol = protocol
         return self
 
     def extension_ref(
@@ -313,27 +332,56 @@ class PoolBuilder(_ObjectBuilder):
         kind: str | None = None,
         group: str | None = None,
     ) -> Self:
-        """``spec.extensionRef``; unset fields are left to the CRD defaults."""
-        ref: JsonObject = {"name": name}
-        if group is not None:
-            ref["group"] = group
-        if kind is not None:
-            ref["kind"] = kind
-        if port is not None:
-            ref["portNumber"] = port
-        if failure_mode is not None:
-            ref["failureMode"] = failure_mode
-        self._spec["extensionRef"] = ref
+        """The EPP's reference (v1alpha2 ``extensionRef``, v1 ``endpointPickerRef``); unset fields
+        are left to the CRD defaults."""
+        self._picker = {"name": name, "port": port, "failureMode": failure_mode, "kind": kind, "group": group}
         return self
 
-    def build(self) -> JsonObject:
+    def build(self, generation: Generation = V1ALPHA2) -> JsonObject:
         pool = self._object()
-        pool["spec"] = copy.deepcopy(self._spec)
+        pool["apiVersion"] = generation.pool_api_version
+        pool["spec"] = self._v1_spec() if generation is V1 else self._v1alpha2_spec()
         return pool
+
+    def _v1alpha2_spec(self) -> JsonObject:
+        spec: JsonObject = {}
+        if self._selector is not None:
+            spec["selector"] = dict(self._selector)
+        if self._ports:
+            spec["targetPortNumber"] = self._ports[0]
+        if self._picker is not None:
+            ref = {k: v for k, v in self._picker.items() if v is not None and k != "port"}
+            if self._picker["port"] is not None:
+                ref["portNumber"] = self._picker["port"]
+            spec["extensionRef"] = ref
+        return spec
+
+    def _v1_spec(self) -> JsonObject:
+        spec: JsonObject = {}
+        if self._selector is not None:
+            spec["selector"] = {"matchLabels": dict(self._selector)}
+        if self._ports:
+            spec["targetPorts"] = [{"number": port} for port in self._ports]
+        if self._app_protocol is not None:
+            spec["appProtocol"] = self._app_protocol
+        if self._picker is not None:
+            ref = {k: v for k, v in self._picker.items() if v is not None and k != "port"}
+            ref["port"] = {"number": self._picker["port"] or DEFAULT_EPP_GRPC_PORT}
+            spec["endpointPickerRef"] = ref
+        return spec
 
 
 class ModelBuilder(_ObjectBuilder):
-    """An InferenceModel (v1alpha2)."""
+    """A served model, described once (v0.3's InferenceModel: a model name with a criticality and
+    weighted targets, bound to a pool) and rendered for either generation.
+
+    ``build()`` is the v1alpha2 InferenceModel. ``objects(V1)`` is what v1 says with two kinds, both
+    named like the InferenceModel: an InferenceModelRewrite whose one rule matches the model name
+    exactly (targets as given, else the model itself: a rewrite needs one target) and an
+    InferenceObjective whose priority is the criticality's (epp-behaviour.md §5.3: v0.3.0 sheds
+    Standard and unset as it sheds Sheddable, so Critical 1, Standard and unset -1, Sheddable -2).
+    A v1 request names its objective in a header (``objective_headers``): the harness sends it.
+    """
 
     _api_version = CRD_API_VERSION
     _kind = "InferenceModel"
@@ -341,6 +389,10 @@ class ModelBuilder(_ObjectBuilder):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self._spec: JsonObject = {}
+
+    @property
+    def served_model(self) -> str:
+        return str(self._spec.get("modelName", self.name))
 
     def model_name(self, model_name: str) -> Self:
         self._spec["modelName"] = model_name
@@ -373,3 +425,52 @@ class ModelBuilder(_ObjectBuilder):
         model = self._object()
         model["spec"] = copy.deepcopy(self._spec)
         return model
+
+    def objects(self, generation: Generation) -> list[tuple[str, JsonObject]]:
+        """``(kind, body)`` of every object that says this in ``generation``."""
+        if generation is not V1:
+            return [("InferenceModel", self.build())]
+        return [("InferenceModelRewrite", self.rewrite()), ("InferenceObjective", self.objective())]
+
+    def rewrite(self) -> JsonObject:
+        """The v1 InferenceModelRewrite of this model."""
+        targets = [
+            {"modelRewrite": t["name"], **({"weight": t["weight"]} if "weight" in t else {})}
+            for t in self._spec.get("targetModels") or ()
+        ] or [{"modelRewrite": self.served_model}]
+        rule = {"matches": [{"model": {"type": "Exact", "value": self.served_model}}], "targets": targets}
+        body = self._v1_object("InferenceModelRewrite")
+        body["spec"] = {"poolRef": self._v1_pool_ref(), "rules": [rule]}
+        return body
+
+    def objective(self) -> JsonObject:
+        """The v1 InferenceObjective of this model."""
+        body = self._v1_object("InferenceObjective")
+        priority = CRITICALITY_PRIORITY[self._spec.get("criticality")]
+        body["spec"] = {"poolRef": self._v1_pool_ref(), "priority": priority}
+        return body
+
+    def _v1_object(self, kind: str) -> JsonObject:
+        body = self._object()
+        body["kind"] = kind
+        return body
+
+    def _v1_pool_ref(self) -> JsonObject:
+        ref = dict(self._spec.get("poolRef") or {})
+        ref.setdefault("group", V1.pool_group)
+        return ref
+
+
+# How v1 says a v0.3 criticality (``ModelBuilder``).
+CRITICALITY_PRIORITY: Final[Mapping[str | None, int]] = {
+    "Critical": 1,
+    "Standard": -1,
+    None: -1,
+    "Sheddable": -2,
+}
+
+
+def objective_headers(objective: str | None, generation: Generation) -> dict[str, str]:
+    """The request header that names an InferenceObjective (``ModelBuilder.objective``'s name) in a
+    v1 cluster; nothing in a v1alpha2 one, where the model name implies the criticality."""
+    return {OBJECTIVE_HEADER: objective} if objective and generation is V1 else {}

@@ -36,7 +36,7 @@ __all__ = ["CRD_RELEASE_ENV", "DEFAULT_CRD_RELEASE", "default_release"]  # also 
 CRD_MODULE: Final = "sigs.k8s.io/gateway-api-inference-extension"
 _MANIFEST_DIR: Final = "config/crd/bases"
 
-# The kinds the EPP reads, at the API version of the default release.
+# The kinds of the v1alpha2 generation (v1's pool group is ``releases.V1``).
 CRD_GROUP: Final = releases.V1ALPHA2.pool_group
 CRD_VERSION: Final = releases.V1ALPHA2.pool_version
 CRD_API_VERSION: Final = f"{CRD_GROUP}/{CRD_VERSION}"
@@ -44,6 +44,10 @@ POOL_KIND: Final = "InferencePool"
 POOL_PLURAL: Final = "inferencepools"
 MODEL_KIND: Final = "InferenceModel"
 MODEL_PLURAL: Final = "inferencemodels"
+OBJECTIVE_KIND: Final = "InferenceObjective"
+OBJECTIVE_PLURAL: Final = "inferenceobjectives"
+REWRITE_KIND: Final = "InferenceModelRewrite"
+REWRITE_PLURAL: Final = "inferencemodelrewrites"
 
 FIELD_MANAGER: Final = "epp-harness"
 _CRD_API: Final = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")

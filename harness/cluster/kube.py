@@ -37,7 +37,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from harness.cluster.crds import CRD_GROUP, CRD_VERSION, MODEL_PLURAL, POOL_PLURAL
+from harness.cluster.crds import MODEL_PLURAL, OBJECTIVE_PLURAL, POOL_PLURAL, REWRITE_PLURAL
+from harness.cluster.releases import MODEL_KINDS_GROUP, MODEL_KINDS_VERSION, Generation, session_generation
 
 JsonObject = dict[str, Any]
 
@@ -151,27 +152,35 @@ class _Writes:
 
 
 class CustomResourceClient(_Writes):
-    """create/get/patch/replace/delete/list of one namespaced kind of our CRD group/version."""
+    """create/get/patch/replace/delete/list of one namespaced kind at one group/version."""
 
     def __init__(
-        self, api_client: client.ApiClient, plural: str, on_write: WriteObserver | None = None
+        self,
+        api_client: client.ApiClient,
+        plural: str,
+        on_write: WriteObserver | None = None,
+        *,
+        group: str = MODEL_KINDS_GROUP,
+        version: str = MODEL_KINDS_VERSION,
     ) -> None:
         super().__init__(on_write)
         self._api = client.CustomObjectsApi(api_client)
         self.plural = plural
+        self.group = group
+        self.version = version
 
     def _watch(self, namespace: str) -> Callable[..., Any]:
         def watch(**kwargs: Any) -> Any:
             return self._api.list_namespaced_custom_object(
-                group=CRD_GROUP, version=CRD_VERSION, namespace=namespace, plural=self.plural, **kwargs
+                group=self.group, version=self.version, namespace=namespace, plural=self.plural, **kwargs
             )
 
         return watch
 
     def create(self, namespace: str, body: JsonObject) -> JsonObject:
         created = self._api.create_namespaced_custom_object(
-            group=CRD_GROUP,
-            version=CRD_VERSION,
+            group=self.group,
+            version=self.version,
             namespace=namespace,
             plural=self.plural,
             body=_with_namespace(body, namespace),
@@ -182,8 +191,8 @@ class CustomResourceClient(_Writes):
     def get(self, namespace: str, name: str) -> JsonObject:
         return response_json(
             self._api.get_namespaced_custom_object(
-                group=CRD_GROUP,
-                version=CRD_VERSION,
+                group=self.group,
+                version=self.version,
                 namespace=namespace,
                 plural=self.plural,
                 name=name,
@@ -196,8 +205,8 @@ class CustomResourceClient(_Writes):
     ) -> JsonObject:
         """Patch the object (JSON merge patch by default; pass ``JSON_PATCH`` with a list of ops)."""
         patched = self._api.patch_namespaced_custom_object(
-            group=CRD_GROUP,
-            version=CRD_VERSION,
+            group=self.group,
+            version=self.version,
             namespace=namespace,
             plural=self.plural,
             name=name,
@@ -210,8 +219,8 @@ class CustomResourceClient(_Writes):
     def replace(self, namespace: str, body: JsonObject) -> JsonObject:
         """Update the whole object; ``body`` must carry ``metadata.name`` (and resourceVersion for CAS)."""
         replaced = self._api.replace_namespaced_custom_object(
-            group=CRD_GROUP,
-            version=CRD_VERSION,
+            group=self.group,
+            version=self.version,
             namespace=namespace,
             plural=self.plural,
             name=str(body["metadata"]["name"]),
@@ -229,8 +238,8 @@ class CustomResourceClient(_Writes):
         before = self.get(namespace, name)
         answer = response_json(
             self._api.delete_namespaced_custom_object(
-                group=CRD_GROUP,
-                version=CRD_VERSION,
+                group=self.group,
+                version=self.version,
                 namespace=namespace,
                 plural=self.plural,
                 name=name,
@@ -249,8 +258,8 @@ class CustomResourceClient(_Writes):
         """The whole List object, with ``metadata.resourceVersion`` to start a watch from."""
         return response_json(
             self._api.list_namespaced_custom_object(
-                group=CRD_GROUP,
-                version=CRD_VERSION,
+                group=self.group,
+                version=self.version,
                 namespace=namespace,
                 plural=self.plural,
                 label_selector=label_selector,
@@ -348,10 +357,28 @@ def list_items(list_object: JsonObject) -> list[JsonObject]:
 
 
 class Kube:
-    """The three kinds the project deals with, over one ``ApiClient``; every write told to ``on_write``."""
+    """The kinds the project deals with, over one ``ApiClient``; every write told to ``on_write``.
 
-    def __init__(self, api_client: client.ApiClient, *, on_write: WriteObserver | None = None) -> None:
+    ``pools`` are those of ``generation`` (default: the session's, ``releases.session_generation``);
+    ``models`` (InferenceModel) exist in a v1alpha2 cluster, ``objectives`` and ``rewrites`` in a v1
+    one: all three kinds live in the x-k8s group at v1alpha2 in either.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        on_write: WriteObserver | None = None,
+        generation: Generation | None = None,
+    ) -> None:
         self.api_client = api_client
-        self.pools = CustomResourceClient(api_client, POOL_PLURAL, on_write)
+        self.generation = generation = generation or session_generation()
+        self.pools = CustomResourceClient(
+            api_client, POOL_PLURAL, on_write, group=generation.pool_group, version=generation.pool_version
+        )
         self.models = CustomResourceClient(api_client, MODEL_PLURAL, on_write)
+        self.objectives = CustomResourceClient(api_client, OBJECTIVE_PLURAL, on_write)
+        self.rewrites = CustomResourceClient(api_client, REWRITE_PLURAL, on_write)
         self.pods = PodClient(api_client, on_write)
+        # The kind whose objects claim model names: InferenceModel, or in v1 InferenceModelRewrite.
+        self.claims = self.rewrites if generation.pool_group != MODEL_KINDS_GROUP else self.models

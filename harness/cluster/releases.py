@@ -37,15 +37,28 @@ class Generation:
     # The kinds that say how a request's model is served: InferenceModel (v1alpha2) or
     # InferenceObjective + InferenceModelRewrite (v1), all in the x-k8s group at v1alpha2.
     model_kinds: tuple[str, ...]
+    # The subsystem of an EPP's per-request metrics: v0.3.0's ``inference_model``, v1.1.0 on
+    # ``inference_objective`` (``inference_objective_request_error_total{model_name,...}``).
+    request_metrics: str
 
     @property
     def pool_api_version(self) -> str:
         return f"{self.pool_group}/{self.pool_version}"
 
 
-V1ALPHA2: Final = Generation("v1alpha2", "inference.networking.x-k8s.io", "v1alpha2", ("InferenceModel",))
+# InferenceModel (v1alpha2 clusters), InferenceObjective and InferenceModelRewrite (v1 clusters).
+MODEL_KINDS_GROUP: Final = "inference.networking.x-k8s.io"
+MODEL_KINDS_VERSION: Final = "v1alpha2"
+
+V1ALPHA2: Final = Generation(
+    "v1alpha2", "inference.networking.x-k8s.io", "v1alpha2", ("InferenceModel",), "inference_model"
+)
 V1: Final = Generation(
-    "v1", "inference.networking.k8s.io", "v1", ("InferenceObjective", "InferenceModelRewrite")
+    "v1",
+    "inference.networking.k8s.io",
+    "v1",
+    ("InferenceObjective", "InferenceModelRewrite"),
+    "inference_objective",
 )
 
 
@@ -70,6 +83,12 @@ def default_release() -> str:
 def generation_of(release: str) -> Generation:
     """The API generation a cluster set up from ``release``'s CRDs speaks."""
     return V1ALPHA2 if check_release(release).startswith("v0.") else V1
+
+
+def session_generation() -> Generation:
+    """The generation of the session's CRD release (``default_release``; the pytest plugin's
+    ``--crd-release`` sets it for the whole run): what builders render and oracles read by default."""
+    return generation_of(default_release())
 
 
 def supplement_release(release: str) -> str | None:

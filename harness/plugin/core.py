@@ -49,6 +49,9 @@ __all__ = ["namespace_name"]  # re-exported: fixtures elsewhere name their names
 
 KUBECONFIG_ENV: Final = "HARNESS_KUBECONFIG"
 ALLOW_LEAKS_MARKER: Final = "harness_allow_leaks"
+# ``@pytest.mark.api_generation("v1alpha2")``: the test is about one API generation's objects (its
+# CRD schema, its kinds): skipped, as not applicable, in a run on the other generation's CRDs.
+GENERATION_MARKER: Final = "api_generation"
 _WORKERINPUT_KEY: Final = "epp_harness_plane_socket"
 _SOCKET_NAME: Final = "controlplane.sock"
 _REQUEST_TIMEOUT: Final = 1800.0  # the first request may include building the binaries
@@ -78,11 +81,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{ALLOW_LEAKS_MARKER}: do not run the harness leak guard on this test"
     )
+    config.addinivalue_line(
+        "markers", f"{GENERATION_MARKER}(name): only in a run on CRDs of that API generation (v1alpha2, v1)"
+    )
     release = config.getoption("crd_release")
     try:
         releases.default_release() if release is None else releases.check_release(release)
     except releases.UnknownReleaseError as exc:
         raise pytest.UsageError(str(exc)) from exc
+    if release is not None:  # the session's release, for everything that asks (and our EPP's group)
+        os.environ[releases.CRD_RELEASE_ENV] = release
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     if workerinput is not None and _WORKERINPUT_KEY in workerinput:
         config.stash[_OWNS_RUN_DIR] = False
@@ -94,6 +102,15 @@ def pytest_configure(config: pytest.Config) -> None:
     local = _LocalPlane(release)
     config.stash[_PLANE_SOURCE] = _PlaneSource(local.access, local)
     _stop_on_sigterm(config)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker(GENERATION_MARKER)
+    if marker is None:
+        return
+    session = releases.session_generation().name
+    if marker.args[0] != session:
+        pytest.skip(f"not applicable: written for API generation {marker.args[0]}, this run is {session}")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

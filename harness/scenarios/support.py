@@ -26,14 +26,31 @@ CLIENT_TIMEOUT_S = 60.0
 
 @contextlib.contextmanager
 def openai_client(stack: Stack, **options: Any) -> Iterator[openai.OpenAI]:
-    """An OpenAI client on the Stack's Envoy. No retries: every status the test sees is the first one."""
+    """An OpenAI client on the Stack's Envoy. No retries: every status the test sees is the first one.
+
+    In a v1 cluster a request names its InferenceObjective in a header: the client adds the one
+    the Stack's cluster applied for the body's model (``Cluster.objective_headers``), as a v1 client
+    that wants that criticality would."""
     options.setdefault("max_retries", 0)
     options.setdefault("timeout", CLIENT_TIMEOUT_S)
+    if stack.cluster is not None and "http_client" not in options:
+        options["http_client"] = httpx2.Client(event_hooks={"request": [_objective_header(stack.cluster)]})
     client = openai.OpenAI(base_url=stack.base_url, api_key="unused", **options)
     try:
         yield client
     finally:
         client.close()
+
+
+def _objective_header(cluster: Cluster) -> Any:
+    def add(request: httpx2.Request) -> None:
+        try:
+            model = json.loads(request.content).get("model")
+        except (ValueError, AttributeError, httpx2.RequestNotRead):
+            return
+        request.headers.update(cluster.objective_headers(model if isinstance(model, str) else None))
+
+    return add
 
 
 def error_text(err: openai.APIStatusError) -> str:

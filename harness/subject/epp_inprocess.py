@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ from epp.api.types import NamespacedName
 from epp.config import (
     DEFAULT_SCHEDULER,
     DEFAULT_WATCH_BOOKMARK_INTERVAL,
-    V1ALPHA2_POOL_GROUP,
     ProberConfig,
     ServerConfig,
     WatchConfig,
@@ -31,6 +30,7 @@ from epp.k8s.client import KubeClient
 from epp.k8s.config import load_kubeconfig
 from epp.k8s.controllers import Controllers, Reconcilers
 from epp.server.runner import Epp
+from harness.cluster.releases import session_generation
 from harness.dataplane.extproc_client import ExtProcClient
 from harness.subject import epp_probe
 
@@ -47,8 +47,8 @@ class EppSettings:
     scheduler: str = DEFAULT_SCHEDULER  # "filter-tree" or "scorer" (the EPP's --scheduler)
     # The EPP's --watchBookmarkInterval: fault tests shorten it to see dead watches replaced in seconds.
     watch_bookmark_interval: float = DEFAULT_WATCH_BOOKMARK_INTERVAL
-    # The EPP's --pool-group: the generation of the CRDs the harness installs (v1alpha2 today).
-    pool_group: str = V1ALPHA2_POOL_GROUP
+    # The EPP's --pool-group: the generation of the CRDs the harness installs (the session's).
+    pool_group: str = field(default_factory=lambda: session_generation().pool_group)
 
 
 class EppInProcess:

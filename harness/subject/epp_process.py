@@ -19,6 +19,7 @@ from harness.base.eventually import eventually
 from harness.base.ports import LOOPBACK
 from harness.base.process import ChildProcesses, ManagedProcess
 from harness.cluster.certs import ExtProcTls, TinyCA
+from harness.cluster.releases import session_generation
 from harness.subject import epp_probe
 
 
@@ -92,9 +93,9 @@ class EppProcess(EppProcessIdentity):
     pool_namespace: str
     kubeconfig: Path
     extra_args: list[str] = field(default_factory=list)
-    # --pool-group: the generation of the CRDs the harness installs (v1alpha2, upstream v0.3.0's, today);
-    # it also picks the EPP's metric names (v0.3.0's inference_model_* for v1alpha2).
-    pool_group: str = "inference.networking.x-k8s.io"
+    # --pool-group: the generation of the CRDs the harness installs (the session's); it also picks
+    # the EPP's metric names (v0.3.0's inference_model_* for v1alpha2, inference_objective_* for v1).
+    pool_group: str = field(default_factory=lambda: session_generation().pool_group)
     # Added to the inherited environment: the scheduler's thresholds are env vars, as upstream.
     extra_env: Mapping[str, str] = field(default_factory=dict)
     verbosity: int = 2

@@ -8,6 +8,12 @@ Model ownership: the oldest creationTimestamp wins a modelName; timestamps have 
 resolution, so claimants created in the same second are ordered by namespace/name (DESIGN.md §6).
 The oracle names exactly that one owner: an EPP that resolved a tie one way live and another after a
 restart must not pass.
+
+Both API generations, read from their own fields: v1alpha2 (a plain-map selector,
+``targetPortNumber``, InferenceModels claiming ``modelName``) and v1 (``selector.matchLabels``,
+``targetPorts``: one endpoint per pod and port; InferenceModelRewrites whose Exact matches claim a
+model name, the oldest rewrite winning as the oldest InferenceModel did; ``poolRef`` binds by group
+too, upstream #1275). The pool's group tells which one a pool object is.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ if TYPE_CHECKING:
 Obj = Mapping[str, Any]
 
 
+V1_POOL_GROUP = "inference.networking.k8s.io"  # (written here, not imported: see above)
+
+
 @dataclass(frozen=True)
 class ExpectedState:
     pool: tuple[str, str] | None  # (namespace, name)
@@ -30,6 +39,7 @@ class ExpectedState:
     selector: Mapping[str, str]
     pods: Mapping[str, str]  # "ns/name" -> address
     models: Mapping[str, str]  # modelName -> owner "ns/name"
+    ports: tuple[int, ...] = ()  # every target port: each pod is an endpoint on each
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class ObservedState:
     selector: Mapping[str, str]
     pods: Mapping[str, str]
     models: Mapping[str, str]  # modelName -> owner "ns/name"
+    endpoints: frozenset[tuple[str, int]] = frozenset()  # ("ns/name", port), when the view says ports
 
 
 @dataclass(frozen=True)
@@ -83,10 +94,17 @@ def _pod_ready(pod: Obj) -> bool:
 def expected_state(
     pool: Obj | None, models: Sequence[Obj], pods: Sequence[Obj], pool_namespace: str, pool_name: str
 ) -> ExpectedState:
+    """``models``: InferenceModels for a v1alpha2 pool, InferenceModelRewrites for a v1 one."""
     if pool is None or _deleting(pool):
         return ExpectedState(None, None, {}, {}, {})
+    v1 = str(pool.get("apiVersion", "")).split("/")[0] == V1_POOL_GROUP
     spec = pool["spec"]
-    selector: dict[str, str] = dict(spec.get("selector") or {})
+    if v1:
+        selector = dict((spec.get("selector") or {}).get("matchLabels") or {})
+        ports = tuple(int(p["number"]) for p in spec.get("targetPorts") or ())
+    else:
+        selector = dict(spec.get("selector") or {})
+        ports = (int(spec["targetPortNumber"]),)
     expected_pods = {
         _name(p): str(p["status"]["podIP"])
         for p in pods
@@ -101,19 +119,36 @@ def expected_state(
     for m in models:
         if m["metadata"].get("namespace") != pool_namespace or _deleting(m):
             continue
-        if (m["spec"].get("poolRef") or {}).get("name") != pool_name:
+        ref = m["spec"].get("poolRef") or {}
+        if ref.get("name") != pool_name:
             continue
-        claimants.setdefault(str(m["spec"]["modelName"]), []).append(m)
+        if v1 and ref.get("group", V1_POOL_GROUP) != V1_POOL_GROUP:
+            continue
+        for model_name in _claimed_names(m, v1):
+            claimants.setdefault(model_name, []).append(m)
     expected_models = {
         model_name: _name(min(objs, key=_claim_order)) for model_name, objs in claimants.items()
     }
     return ExpectedState(
         pool=(pool_namespace, pool_name),
-        target_port=int(spec["targetPortNumber"]),
+        target_port=ports[0] if ports else None,
         selector=selector,
         pods=expected_pods,
         models=expected_models,
+        ports=ports,
     )
+
+
+def _claimed_names(model: Obj, v1: bool) -> list[str]:
+    """The model names an object claims: an InferenceModel's ``modelName``; a rewrite's Exact matches."""
+    if not v1:
+        return [str(model["spec"]["modelName"])]
+    return [
+        str(match["model"]["value"])
+        for rule in model["spec"].get("rules") or ()
+        for match in rule.get("matches") or ()
+        if (match.get("model") or {}).get("type", "Exact") == "Exact"
+    ]
 
 
 def expected_from_api(kube: Kube, namespace: str, pool_name: str) -> ExpectedState:
@@ -121,7 +156,7 @@ def expected_from_api(kube: Kube, namespace: str, pool_name: str) -> ExpectedSta
     pools = [p for p in kube.pools.list(namespace) if p["metadata"]["name"] == pool_name]
     return expected_state(
         pools[0] if pools else None,
-        kube.models.list(namespace),
+        kube.claims.list(namespace),
         kube.pods.list(namespace),
         namespace,
         pool_name,
@@ -143,6 +178,9 @@ def observed_state(view: Obj) -> ObservedState:
         selector=dict(pool.get("selector") or {}) if pool else {},
         pods={f"{p['namespace']}/{p['name']}": str(p["address"]) for p in view.get("pods") or ()},
         models={str(m["modelName"]): f"{m['namespace']}/{m['name']}" for m in view.get("models") or ()},
+        endpoints=frozenset(
+            (f"{p['namespace']}/{p['name']}", int(p["port"])) for p in view.get("pods") or () if "port" in p
+        ),
     )
 
 
@@ -161,6 +199,11 @@ def compare(expected: ExpectedState, observed: ObservedState) -> Verdict:
         want, got = expected.pods.get(key), observed.pods.get(key)
         if want != got:
             diffs.append(f"pod {key}: expected {want or 'absent'}, datastore has {got or 'absent'}")
+    if observed.endpoints and expected.ports:  # a view that names each endpoint's port
+        want_endpoints = {(pod, port) for pod in expected.pods for port in expected.ports}
+        for pod, port in sorted(want_endpoints ^ observed.endpoints):
+            state = "missing" if (pod, port) in want_endpoints else "unexpected"
+            diffs.append(f"endpoint {pod}:{port}: {state} in the datastore")
     for name in sorted(set(expected.models) | set(observed.models)):
         owner, got = expected.models.get(name), observed.models.get(name)
         if owner is None:

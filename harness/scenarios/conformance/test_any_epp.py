@@ -28,7 +28,8 @@ PRE_STOP_S = 120  # the terminating pod stays Ready (and serving) for the whole 
 
 def complete(stack: Stack, model: str = MODEL) -> httpx2.Response:
     with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
-        return http.post("/completions", json={"model": model, "prompt": "hello", "max_tokens": 1})
+        body = {"model": model, "prompt": "hello", "max_tokens": 1}
+        return http.post("/completions", json=body, headers=cluster_of(stack).objective_headers(model))
 
 
 def with_a_terminating_pod(stack_factory: StackFactory) -> tuple[Stack, TrafficVerdict]:
@@ -75,8 +76,7 @@ def test_a_pool_change_does_not_bring_back_a_terminating_pod(stack_factory: Stac
 
 
 def cluster_selector(stack: Stack) -> dict[str, str]:
-    [pool] = [p for p in cluster_of(stack).kube.pools.list(stack.options.namespace)]
-    return dict(pool["spec"]["selector"])
+    return cluster_of(stack).pool_selector()
 
 
 @pytest.mark.departure("bodyless-routing")
@@ -134,10 +134,12 @@ def test_a_pod_whose_metrics_went_stale_never_wins_over_a_fresh_one(stack_factor
 
 
 def request_errors(stack: Stack, model: str) -> float:
-    """``inference_model_request_error_total`` summed over the samples of ``model``."""
+    """``inference_model_request_error_total`` (v1: ``inference_objective_...``) summed over the
+    samples of ``model``."""
     total = 0.0
+    name = f"{cluster_of(stack).generation.request_metrics}_request_error_total{{"
     for line in stack.epp_metrics_text().splitlines():
-        if line.startswith("inference_model_request_error_total{") and f'model_name="{model}"' in line:
+        if line.startswith(name) and f'model_name="{model}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -155,8 +157,6 @@ def test_a_failed_request_is_counted_as_a_request_error(stack_factory: StackFact
     assert failed.status_code != 200
 
     def counted() -> None:
-        assert request_errors(stack, MODEL) >= 1, "no inference_model_request_error_total sample"
+        assert request_errors(stack, MODEL) >= 1, "no request_error_total sample"
 
-    eventually(
-        counted, timeout=30, message="the failed request counted in inference_model_request_error_total"
-    )
+    eventually(counted, timeout=30, message="the failed request counted in the request_error_total metric")

@@ -2,7 +2,10 @@
 
 The EPP only watches the API server; kubectl is just another client of it. So a model applied with
 `kubectl apply` becomes routable, `kubectl delete` makes it a 404, and `kubectl label` taking a pod
-out of the pool's selector stops its traffic: all observed with the openai SDK through Envoy.
+out of the pool's selector stops its traffic: all observed with the openai SDK through Envoy. The
+model is written once and applied in the cluster's generation (v1: an InferenceModelRewrite and an
+InferenceObjective); there an undeclared model passes the EPP as named, and the 404 is the model
+server's, which serves no such model.
 
 Positive outcomes are polled with `eventually`, naming the error a request legitimately gets while
 the EPP catches up (a 404 before the model is applied). The negative one ("the pod gets no more
@@ -15,10 +18,11 @@ from collections import Counter
 
 import openai
 import pytest
+import yaml
 
 from harness.base.eventually import eventually
 from harness.beds.stack import Stack
-from harness.cluster.builders import CRD_API_VERSION
+from harness.cluster.builders import ModelBuilder
 from harness.cluster.kubectl import kubectl as run_kubectl
 from harness.plugin.stack_fixtures import StackFactory
 from harness.scenarios.support import (
@@ -40,20 +44,29 @@ def kubectl(stack: Stack, *args: str, stdin: str | None = None) -> str:
     return run_kubectl(stack.access.kubeconfig_path, *args, namespace=stack.options.namespace, stdin=stdin)
 
 
+def served_model(stack: Stack) -> ModelBuilder:
+    """The model the operator applies, described once (an InferenceModel, or v1's rewrite and objective)."""
+    return (
+        ModelBuilder(MODEL)
+        .model_name(MODEL)
+        .criticality("Critical")
+        .pool(stack.options.pool_name)
+        .target(ADAPTER)
+    )
+
+
 def manifest(stack: Stack) -> str:
-    return f"""
-apiVersion: {CRD_API_VERSION}
-kind: InferenceModel
-metadata:
-  name: {MODEL}
-spec:
-  modelName: {MODEL}
-  criticality: Critical
-  poolRef:
-    name: {stack.options.pool_name}
-  targetModels:
-  - name: {ADAPTER}
-"""
+    """What the operator writes: the model's objects for the cluster's generation, as YAML."""
+    bodies = []
+    for _, body in served_model(stack).objects(cluster_of(stack).generation):
+        del body["metadata"]["namespace"]  # kubectl's -n says it, as in a user's manifest
+        bodies.append(body)
+    return yaml.safe_dump_all(bodies, sort_keys=False)
+
+
+def plural_names(stack: Stack) -> list[str]:
+    """The kinds ``kubectl get`` / ``delete`` name for the model (``inferencemodel`` or v1's two)."""
+    return [kind.lower() for kind in cluster_of(stack).generation.model_kinds]
 
 
 @pytest.mark.departure("readable-error-bodies")
@@ -64,9 +77,10 @@ def test_model_applied_with_kubectl_is_served_and_deleting_it_gives_404(stack_fa
             client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
 
         assert "created" in kubectl(stack, "apply", "-f", "-", stdin=manifest(stack))
-        listed = kubectl(stack, "get", "inferencemodels")
-        assert MODEL in listed
-        assert ADAPTER not in listed, "printer columns show the pool, not targets"
+        for kind in plural_names(stack):
+            listed = kubectl(stack, "get", kind)
+            assert MODEL in listed
+            assert ADAPTER not in listed, "printer columns show the pool, not targets"
 
         def served() -> str:
             reply = client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
@@ -78,7 +92,7 @@ def test_model_applied_with_kubectl_is_served_and_deleting_it_gives_404(stack_fa
         )
         assert routable == ADAPTER
 
-        kubectl(stack, "delete", "inferencemodel", MODEL)
+        kubectl(stack, "delete", ",".join(plural_names(stack)), MODEL)
 
         def gone() -> openai.NotFoundError:
             try:

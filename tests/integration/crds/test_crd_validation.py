@@ -15,7 +15,8 @@ from kubernetes.client.exceptions import ApiException
 from harness.cluster.builders import ModelBuilder, PoolBuilder
 from harness.cluster.kube import CustomResourceClient, Kube, api_error_message
 
-pytestmark = pytest.mark.integration
+# v0.3.0's CRD schema and kinds (InferenceModel): not applicable on v1 CRDs.
+pytestmark = [pytest.mark.integration, pytest.mark.api_generation("v1alpha2")]
 
 JsonObject = dict[str, Any]
 

@@ -11,7 +11,8 @@ from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.kube import Kube
 from harness.cluster.kubectl import kubectl
 
-pytestmark = pytest.mark.integration
+# v0.3.0's CRD schema and kinds (InferenceModel): not applicable on v1 CRDs.
+pytestmark = [pytest.mark.integration, pytest.mark.api_generation("v1alpha2")]
 
 
 def test_kubectl_gets_pools_and_models_with_upstream_printer_columns(

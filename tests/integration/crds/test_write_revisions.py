@@ -29,7 +29,8 @@ from harness.cluster.crds import CRD_GROUP, CRD_VERSION, MODEL_PLURAL
 from harness.cluster.kube import Kube, response_json
 from harness.verdicts.settle import revision
 
-pytestmark = pytest.mark.integration
+# v0.3.0's CRD schema and kinds (InferenceModel): not applicable on v1 CRDs.
+pytestmark = [pytest.mark.integration, pytest.mark.api_generation("v1alpha2")]
 
 JsonObject = dict[str, Any]
 ListFn = Callable[..., Any]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.beds.testbed import TestBed
@@ -100,6 +101,7 @@ def test_invalid_json_is_rejected_with_400_and_a_readable_message(hermetic: Test
     assert result.message == error["message"], "the client summarises the readable message"
 
 
+@pytest.mark.api_generation("v1alpha2")  # a v1 pool passes any model through (TestBed.assert_not_declared)
 def test_unknown_model_is_rejected_with_404(hermetic: TestBed) -> None:
     result = hermetic.route("no-such-model")
     assert result.status == 404

@@ -77,7 +77,7 @@ def test_changes_made_while_the_epp_is_down_are_seen_at_start(testbed: TestBed) 
     testbed.eventually_consistent()
     assert testbed.datastore_pods() == {"p2": testbed.pods["p2"].ip, "p3": testbed.pods["p3"].ip}
     assert testbed.datastore_models() == {"summarise": "summarise"}
-    assert testbed.route(MODEL).status == 404
+    testbed.assert_not_declared(MODEL)
 
 
 def test_two_pools_in_two_namespaces_served_by_two_epps_without_crosstalk(

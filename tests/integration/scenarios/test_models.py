@@ -74,7 +74,7 @@ def test_two_models_claiming_one_model_name_oldest_wins_then_the_next_is_promote
     testbed.delete_model("third")
     testbed.eventually_consistent()
     assert testbed.datastore_models() == {}
-    assert testbed.route(MODEL).status == 404  # deleted means unroutable (upstream #393)
+    testbed.assert_not_declared(MODEL)  # deleted means undeclared (upstream #393)
 
 
 def test_model_moved_to_another_pool_leaves_and_frees_its_model_name(testbed: TestBed) -> None:
@@ -104,7 +104,7 @@ def test_model_moved_to_another_pool_leaves_and_frees_its_model_name(testbed: Te
     testbed.apply_model("unrelated", "summarise", criticality="Critical", pool=OTHER_POOL)
     testbed.eventually_consistent()
     assert testbed.datastore_models() == {MODEL: "young"}
-    assert testbed.route("summarise").status == 404
+    testbed.assert_not_declared("summarise")
 
     testbed.apply_model("unrelated", "summarise", criticality="Critical")  # and back again
     testbed.eventually_consistent()
@@ -123,8 +123,8 @@ def test_model_in_another_namespace_is_ignored(testbed: TestBed) -> None:
     testbed.apply_model("solo", "only-there", criticality="Critical", namespace=elsewhere)
     testbed.eventually_consistent()
     assert testbed.datastore_models() == {}
-    assert testbed.route(MODEL).status == 404
-    assert testbed.route("only-there").status == 404
+    testbed.assert_not_declared(MODEL)
+    testbed.assert_not_declared("only-there")
 
     testbed.eventually_server_time_after(created_at(stranger))
     testbed.apply_model(MODEL, criticality="Critical", targets=[("chat-ours", 100)])

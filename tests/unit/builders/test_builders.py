@@ -26,6 +26,7 @@ from harness.cluster.builders import (
     PoolBuilder,
     rfc3339,
 )
+from harness.cluster.releases import V1
 
 T0 = datetime(2025, 3, 13, 12, 0, 5, 999_000, tzinfo=UTC)
 
@@ -199,3 +200,51 @@ def test_builders_do_not_import_the_kubernetes_client() -> None:
     result = subprocess.run([sys.executable, "-c", code], check=False, timeout=60)
 
     assert result.returncode == 0, "harness.cluster.builders must stay free of kubernetes-client imports"
+
+
+def test_one_pool_description_renders_for_each_generation() -> None:
+    pool = PoolBuilder("pool").namespace("ns").selector(app="x").ports(8000, 8001).extension_ref("epp")
+    assert pool.build()["spec"] == {
+        "selector": {"app": "x"},
+        "targetPortNumber": 8000,
+        "extensionRef": {"name": "epp"},
+    }
+    v1 = pool.app_protocol("kubernetes.io/h2c").build(V1)
+    assert v1["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert v1["spec"] == {
+        "selector": {"matchLabels": {"app": "x"}},
+        "targetPorts": [{"number": 8000}, {"number": 8001}],
+        "appProtocol": "kubernetes.io/h2c",
+        "endpointPickerRef": {"name": "epp", "port": {"number": 9002}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("criticality", "priority"),
+    [("Critical", 1), ("Standard", -1), (None, -1), ("Sheddable", -2)],
+    ids=["critical", "standard", "unset", "sheddable"],
+)
+def test_a_served_model_in_v1_is_a_rewrite_and_an_objective(criticality: str | None, priority: int) -> None:
+    model = ModelBuilder("m").namespace("ns").model_name("llama").pool("pool").target("a", weight=30)
+    if criticality is not None:
+        model = model.criticality(criticality)
+    [(rewrite_kind, rewrite), (objective_kind, objective)] = model.target("b", weight=70).objects(V1)
+    assert (rewrite_kind, objective_kind) == ("InferenceModelRewrite", "InferenceObjective")
+    pool_ref = {"name": "pool", "group": "inference.networking.k8s.io"}
+    assert rewrite["spec"] == {
+        "poolRef": pool_ref,
+        "rules": [
+            {
+                "matches": [{"model": {"type": "Exact", "value": "llama"}}],
+                "targets": [{"modelRewrite": "a", "weight": 30}, {"modelRewrite": "b", "weight": 70}],
+            }
+        ],
+    }
+    assert objective["spec"] == {"poolRef": pool_ref, "priority": priority}
+    assert rewrite["metadata"]["name"] == objective["metadata"]["name"] == "m"
+
+
+def test_a_model_without_targets_rewrites_to_itself_in_v1() -> None:
+    """A rewrite needs one target (minItems 1): the model served as it is named."""
+    rewrite = ModelBuilder("m").model_name("llama").pool("pool").rewrite()
+    assert rewrite["spec"]["rules"][0]["targets"] == [{"modelRewrite": "llama"}]
