@@ -22,7 +22,7 @@ echo "==> actionlint (docs/ci: the workflow we publish for EPP repositories)"
 
 echo "==> pytest (unit, integration, e2e) with 2 workers"
 set +e
-.venv/bin/pytest -n 2 "$@"
+.venv/bin/pytest -n 2 --durations=25 "$@"
 rc=$?
 set -e
 # pytest exit 5 = no tests collected: that is a failure for CI, never a pass.

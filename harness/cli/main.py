@@ -229,7 +229,13 @@ def _print_access(plane: ControlPlane, copy_to: Path | None, last: bool = True) 
         shutil.copyfile(kubeconfig, copy_to)
         copy_to.chmod(0o600)
         kubeconfig = copy_to.resolve()
-    what = "get inferencepools,inferencemodels --all-namespaces" if plane.crds_installed else "get namespaces"
+    kinds = ",".join(
+        (
+            "inferencepools",
+            *releases.generation_of(plane.crd_release or releases.default_release()).model_plurals,
+        )
+    )
+    what = f"get {kinds} --all-namespaces" if plane.crds_installed else "get namespaces"
     command = f"{shlex.quote(str(kubectl_path()))} --kubeconfig {shlex.quote(str(kubeconfig))} {what}"
     crds = "CRDs installed" if plane.crds_installed else "no CRDs"
     print(f"control plane is up ({', '.join(plane.components)}; {crds})", flush=True)

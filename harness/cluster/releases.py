@@ -45,6 +45,11 @@ class Generation:
     def pool_api_version(self) -> str:
         return f"{self.pool_group}/{self.pool_version}"
 
+    @property
+    def model_plurals(self) -> tuple[str, ...]:
+        """The resources of ``model_kinds`` (``inferencemodels``; ``inferenceobjectives``, ...)."""
+        return tuple(f"{kind.lower()}s" for kind in self.model_kinds)
+
 
 # InferenceModel (v1alpha2 clusters), InferenceObjective and InferenceModelRewrite (v1 clusters).
 MODEL_KINDS_GROUP: Final = "inference.networking.x-k8s.io"

@@ -17,6 +17,9 @@ from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.helm import Helm, HelmError, chart_dir, lint_values, rendered_kinds
 from harness.cluster.kubectl import KubectlError, kubectl
 
+# The chart writes a v1alpha2 pool (the v1 chart is issue 18's item 7, not done): only on v0.3.0's CRDs.
+pytestmark = pytest.mark.api_generation("v1alpha2")
+
 CHART_KINDS = ["ServiceAccount", "Service", "Deployment", "Role", "RoleBinding", "InferencePool"]
 
 

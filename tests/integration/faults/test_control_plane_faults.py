@@ -122,7 +122,8 @@ def test_half_open_watch_is_replaced_within_two_bookmark_intervals(rig: FaultRig
 
     converged_and_routing(bed, routable)
     stalled = sum(
-        watch_figure(bed, kind, "stalledWatches") for kind in ("inferencepools", "inferencemodels", "pods")
+        watch_figure(bed, kind, "stalledWatches")
+        for kind in ("inferencepools", *bed.cluster.generation.model_plurals, "pods")
     )
     assert stalled >= 1, "no watch was replaced as dead: the freeze caught none"
     assert rig.proxy.accepted > before, "the EPP reconnected through the proxy"

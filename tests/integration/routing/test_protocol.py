@@ -77,11 +77,12 @@ def test_sse_usage_is_recorded_in_the_epp_metrics(hermetic: TestBed) -> None:
 
     text = hermetic.epp.metrics_text()
     labels = {"model_name": MY_MODEL, "target_model_name": MY_MODEL_TARGET}
-    assert sample(text, "inference_model_input_tokens_sum", **labels) == usage["prompt_tokens"]
-    assert sample(text, "inference_model_input_tokens_count", **labels) == 1
-    assert sample(text, "inference_model_output_tokens_sum", **labels) == 3
-    assert sample(text, "inference_model_request_total", **labels) == 1
-    assert sample(text, "inference_model_response_sizes_sum", **labels) == len(stream)
+    metrics = hermetic.cluster.generation.request_metrics  # inference_model / inference_objective
+    assert sample(text, f"{metrics}_input_tokens_sum", **labels) == usage["prompt_tokens"]
+    assert sample(text, f"{metrics}_input_tokens_count", **labels) == 1
+    assert sample(text, f"{metrics}_output_tokens_sum", **labels) == 3
+    assert sample(text, f"{metrics}_request_total", **labels) == 1
+    assert sample(text, f"{metrics}_response_sizes_sum", **labels) == len(stream)
 
 
 def test_bodyless_get_is_routed_to_some_pod(hermetic: TestBed) -> None:
