@@ -195,7 +195,8 @@ class Cluster:
         for target, weight in targets:
             builder = builder.target(target, weight=weight)
         written = [
-            self._apply(self._model_client(kind), ns, body) for kind, body in builder.objects(self.generation)
+            self._apply(self.kube.model_client(kind), ns, body)
+            for kind, body in builder.objects(self.generation)
         ]
         if self.generation is V1:
             self._objectives.setdefault(builder.served_model, (ns, name))
@@ -203,8 +204,8 @@ class Cluster:
 
     def delete_model(self, name: str, namespace: str | None = None) -> None:
         ns = namespace or self.namespace
-        for kind in self._model_kinds():
-            self._model_client(kind).delete(ns, name)
+        for kind in self.generation.model_kinds:
+            self.kube.model_client(kind).delete(ns, name)
         self._objectives = {m: o for m, o in self._objectives.items() if o != (ns, name)}
 
     def objective_headers(self, model: str | None) -> dict[str, str]:
@@ -212,17 +213,6 @@ class Cluster:
         objective's name (``x-gateway-inference-objective``); none in v1alpha2."""
         objective = self._objectives.get(model or "")
         return objective_headers(objective[1] if objective else None, self.generation)
-
-    def _model_kinds(self) -> tuple[str, ...]:
-        return self.generation.model_kinds
-
-    def _model_client(self, kind: str) -> CustomResourceClient:
-        clients = {
-            "InferenceModel": self.kube.models,
-            "InferenceObjective": self.kube.objectives,
-            "InferenceModelRewrite": self.kube.rewrites,
-        }
-        return clients[kind]
 
     def _apply(self, resources: CustomResourceClient, namespace: str, body: JsonObject) -> JsonObject:
         existing = _named(resources.list(namespace), str(body["metadata"]["name"]))

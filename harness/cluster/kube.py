@@ -382,3 +382,12 @@ class Kube:
         self.pods = PodClient(api_client, on_write)
         # The kind whose objects claim model names: InferenceModel, or in v1 InferenceModelRewrite.
         self.claims = self.rewrites if generation.pool_group != MODEL_KINDS_GROUP else self.models
+
+    def model_client(self, kind: str) -> CustomResourceClient:
+        """The client of one of the kinds a served model is written as (``ModelBuilder.objects``)."""
+        clients = {
+            "InferenceModel": self.models,
+            "InferenceObjective": self.objectives,
+            "InferenceModelRewrite": self.rewrites,
+        }
+        return clients[kind]

@@ -65,13 +65,14 @@ class BenchPool(StartStop):
             .selector({"app": spec.pool_name})
             .port(SIM_PORT)
             .extension_ref("epp")
-            .build(),
+            .build(kube.generation),
         )
         for served in self.workload.served_models:
             for criticality, _ in self.workload.criticality_mix:
                 name = inference_model_name(served, criticality)
                 model = ModelBuilder(name).namespace(ns).model_name(name).pool(spec.pool_name)
-                kube.models.create(ns, model.criticality(criticality).target(served).build())
+                for kind, body in model.criticality(criticality).target(served).objects(kube.generation):
+                    kube.model_client(kind).create(ns, body)
         self.sims = [ModelServerSim(self._addresses.acquire(), SIM_PORT, spec.sim) for _ in range(spec.pods)]
         self._thread = SimThread(*self.sims).start()
         kubelet = ForgedKubelet(self._api)

@@ -31,6 +31,8 @@ from harness.base.ports import LOOPBACK
 from harness.base.process import ChildProcesses, ManagedProcess
 from harness.cli.bench.loadgen import Target
 from harness.cli.bench.workload import TraceRequest
+from harness.cluster.builders import objective_headers
+from harness.cluster.releases import session_generation
 from harness.dataplane.envoy import DESTINATION_HEADER as DESTINATION
 from harness.dataplane.envoy import Envoy, LbPolicy, LoadBalancerEnvoy
 from harness.sim import ModelServerSim
@@ -202,7 +204,10 @@ class EppPolicy:
             self._paused = True
 
     async def route(self, request: TraceRequest) -> Target:
-        return Target(self._url, request.model)
+        # The model's InferenceObjective has the model's name (``BenchPool``): a v1 request names it.
+        return Target(
+            self._url, request.model, tuple(objective_headers(request.model, session_generation()).items())
+        )
 
 
 # ---- the peer routers from PyPI -----------------------------------------------------------------
