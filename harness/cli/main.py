@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import shlex
 import shutil
 import signal
@@ -126,6 +127,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     except releases.UnknownReleaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # The session's release: what the EPP is told (its pool group) and what the examples speak.
+    os.environ[releases.CRD_RELEASE_ENV] = release
     note = None if args.no_crds else releases.supplement_note(release)
     if note:
         print(f"note: {note}", flush=True)

@@ -40,6 +40,8 @@ class Generation:
     # The subsystem of an EPP's per-request metrics: v0.3.0's ``inference_model``, v1.1.0 on
     # ``inference_objective`` (``inference_objective_request_error_total{model_name,...}``).
     request_metrics: str
+    # The example a user applies with kubectl (a Deployment of simulators, its pool and models).
+    example_manifest: str
 
     @property
     def pool_api_version(self) -> str:
@@ -56,7 +58,12 @@ MODEL_KINDS_GROUP: Final = "inference.networking.x-k8s.io"
 MODEL_KINDS_VERSION: Final = "v1alpha2"
 
 V1ALPHA2: Final = Generation(
-    "v1alpha2", "inference.networking.x-k8s.io", "v1alpha2", ("InferenceModel",), "inference_model"
+    "v1alpha2",
+    "inference.networking.x-k8s.io",
+    "v1alpha2",
+    ("InferenceModel",),
+    "inference_model",
+    "examples/cluster/vllm-sim.yaml",
 )
 V1: Final = Generation(
     "v1",
@@ -64,6 +71,7 @@ V1: Final = Generation(
     "v1",
     ("InferenceObjective", "InferenceModelRewrite"),
     "inference_objective",
+    "examples/cluster/vllm-sim-v1.yaml",
 )
 
 

@@ -1,7 +1,8 @@
 """A Deployment applied with kubectl, like a user: the node agent runs it, the EPP routes to it.
 
 The Stack here applies nothing itself (no pool, no models, no pods): its EPP and Envoy serve the pool
-of ``examples/cluster/vllm-sim.yaml``, and the test does only what a user does — ``kubectl apply``,
+of ``examples/cluster/vllm-sim.yaml`` (on v1 CRDs ``vllm-sim-v1.yaml``: the same Deployment, an
+InferencePool v1, a rewrite and objectives), and the test does only what a user does — ``kubectl apply``,
 ``kubectl scale``, ``kubectl delete pod`` — and sends requests through Envoy. Between those commands
 nothing else touches the cluster: the Deployment controller makes the pods, the scheduler binds them,
 the node agent runs and probes them, the EPP watches them.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +28,13 @@ from harness.base.eventually import eventually
 from harness.beds.stack import Stack
 from harness.cluster.kubectl import kubectl as run_kubectl
 from harness.cluster.pod_status import is_ready
+from harness.cluster.releases import session_generation
 from harness.plugin.stack_fixtures import StackFactory
 from harness.scenarios.support import openai_client, served_by
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster" / "vllm-sim.yaml"
+REPO = Path(__file__).resolve().parents[2]
 POOL = "vllm-llama3-8b-instruct"
 BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REPLICAS = 4
@@ -61,8 +64,20 @@ def send(client_: openai.OpenAI) -> str:
 @pytest.fixture
 def deployed(stack_factory: StackFactory) -> Stack:
     stack = stack_factory(pool_name=POOL, apply_pool=False)
-    kubectl(stack, "apply", "-f", str(EXAMPLE))
+    kubectl(stack, "apply", "-f", str(REPO / session_generation().example_manifest))
     return stack
+
+
+def test_the_examples_weighted_model_is_split_across_its_two_adapters(deployed: Stack) -> None:
+    """food-review: 70/30 over two LoRA adapters (an InferenceModel's targets, or v1's rewrite)."""
+    with openai_client(deployed) as client_:
+
+        def routable() -> str:
+            return str(client_.completions.create(model="food-review", prompt="hi", max_tokens=1).model)
+
+        eventually(routable, timeout=TIMEOUT_S, retry_on=STARTING, message="food-review is served")
+        served = Counter(routable() for _ in range(40))  # both adapters: all but certain (0.7**40)
+    assert set(served) == {"food-review-1", "food-review-2"}, served
 
 
 def test_applied_deployment_is_reached_through_envoy_and_scaling_down_drains_before_the_pods_go(

@@ -21,6 +21,7 @@ from harness.base.eventually import eventually
 from harness.beds.stack import BASE_MODEL, DEMO_ADAPTERS, DEMO_MODELS, ModelSpec, Stack, StackOptions
 from harness.cli.command import StartError, interrupts_deferred, say, start_control_plane
 from harness.cluster.controlplane import ControlPlane
+from harness.cluster.releases import session_generation
 from harness.sim import SimConfig
 from harness.subject.foreign_epp import EppCommand
 
@@ -174,7 +175,7 @@ def print_access(env: DemoEnvironment, copy_to: Path | None) -> None:
     print(f"kubeconfig: {kubeconfig}")
     print(f"kubectl:    {kubectl}")
     if env.pool is not None:
-        print(f"apply:      {base} apply -f examples/cluster/vllm-sim.yaml")
+        print(f"apply:      {base} apply -f {session_generation().example_manifest}")
     print(f"export OPENAI_BASE_URL={stack.base_url}")
     print("export OPENAI_API_KEY=unused")
     print(f"curl:       {curl}")
