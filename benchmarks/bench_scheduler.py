@@ -12,7 +12,6 @@ prefix, so every branch of the tree and every scorer is exercised. Prints figure
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from pathlib import Path
@@ -88,8 +87,10 @@ def bench(config: SchedulerConfig, n: int, rounds: int) -> float:
     for _ in range(5):
         start = time.perf_counter()
         for i in range(rounds):
-            with contextlib.suppress(EppError):
+            try:  # noqa: SIM105 (entering contextlib.suppress costs a µs, a try nothing)
                 scheduler.schedule(requests[i & 63], pods)
+            except EppError:
+                pass
         best = min(best, (time.perf_counter() - start) / rounds)
     return best * 1e6
 

@@ -10,8 +10,7 @@ against the reference for random pods, requests and profiles):
 
 * the pods' `Metrics` are read once per request and shared by the scorers;
 * a leading queue + KV cache pair (both default profiles start with it) is one fused pass: the
-  reference's ``(wq * sq) + wk * sk``, with the KV clamp skipped when every usage is in [0, 1]
-  (where the clamp is the identity);
+  reference's ``(wq * sq) + wk * sk``;
 * later scorers add their weighted column in one C-level ``map(add)``;
 * a prefix scorer that comes last touches only the pods the prompt's prefix was sent to: every other
   pod would add ``weight * 0.0``, which leaves its total as it is. Finding those pods by key needs
@@ -63,26 +62,28 @@ def _min_max_weighted(values: list[int], w: float) -> Scores:
 
 
 def _kv_cache(request: LLMRequest, pods: Sequence[PodMetrics], ms: list[Metrics], w: float) -> Scores:
-    usage = [m.kv_cache_usage for m in ms]
-    if min(usage) >= 0.0 and max(usage) <= 1.0:
-        return [w * (1.0 - u) for u in usage]
-    return [w * (1.0 - (1.0 if u > 1.0 else 0.0 if u < 0.0 else u)) for u in usage]
+    return [w * (1.0 - (1.0 if (u := m.kv_cache_usage) > 1.0 else 0.0 if u < 0.0 else u)) for m in ms]
 
 
 def _queue_and_kv(wq: float, wk: float) -> Column:
-    """The reference's ``wq * queue_score + wk * kv_score`` in one pass."""
+    """The reference's ``wq * queue_score + wk * kv_score`` in one pass (the clamp inline, as there:
+    two float comparisons cost less than a pass to find out whether any usage needs it)."""
 
     def column(request: LLMRequest, pods: Sequence[PodMetrics], ms: list[Metrics], _: float) -> Scores:
         queues = [m.waiting_queue_size for m in ms]
-        usage = [m.kv_cache_usage for m in ms]
         low, high = min(queues), max(queues)
-        if not (min(usage) >= 0.0 and max(usage) <= 1.0):
-            usage = [1.0 if u > 1.0 else 0.0 if u < 0.0 else u for u in usage]
         if high <= low:
             q1 = wq * 1.0
-            return [q1 + wk * (1.0 - u) for u in usage]
+            return [
+                q1 + wk * (1.0 - (1.0 if (u := m.kv_cache_usage) > 1.0 else 0.0 if u < 0.0 else u))
+                for m in ms
+            ]
         span = high - low
-        return [wq * ((high - q) / span) + wk * (1.0 - u) for q, u in zip(queues, usage, strict=True)]
+        return [
+            wq * ((high - m.waiting_queue_size) / span)
+            + wk * (1.0 - (1.0 if (u := m.kv_cache_usage) > 1.0 else 0.0 if u < 0.0 else u))
+            for m in ms
+        ]
 
     return column
 

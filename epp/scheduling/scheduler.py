@@ -145,7 +145,7 @@ def fresh_pods(pods: Sequence[PodMetrics], now: float, threshold: float) -> list
     except TypeError:
         all_fresh = False
     if all_fresh:
-        return list(pods)
+        return pods if isinstance(pods, list) else list(pods)  # never mutated: no copy needed
     return [p for p in pods if (u := p.metrics.updated_at) is not None and now - u <= threshold]
 
 
