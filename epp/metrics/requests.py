@@ -113,13 +113,12 @@ class RequestMetrics:
             ("model_name",),
             registry=registry,
         )
-        # The labelled children each request touches, per label set: `labels()` validates and locks
-        # on every call (~1.3 µs each, 8 per request). As bounded as the families' own children (label
-        # values are known models, UNKNOWN_MODEL and objective priorities), and never removed from
-        # them, so a cached child is always the one `labels()` would return.
-        self._routed_children: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
-        self._response_children: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
-        self._running_children: dict[str, Any] = {}
+        # The labelled children requests touch, by family and label values: `labels()` validates and
+        # locks on every call (~1.3 µs, 8 calls per request). Made on first use, as `labels()` would
+        # (a child exists as a series from then on); as bounded as the families' own children (label
+        # values are known models, UNKNOWN_MODEL, error codes and objective priorities), and none is
+        # ever removed from its family, so a cached child is the one `labels()` would return.
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         self._extra: tuple[Collector, ...] = ()
         self._scheduling: Histogram | None = None
         if api_v1:
@@ -157,29 +156,24 @@ class RequestMetrics:
 
         `priority` is the request's InferenceObjective priority (0 without one); only v1 names
         carry it."""
-        children = self._routed_children.get((model, target, priority))
-        if children is None:
-            requests = (
-                self._requests.labels(model, target, str(priority))
-                if self._v1
-                else self._requests.labels(model, target)
-            )
-            children = (requests, self._request_sizes.labels(model, target), self._running_child(model))
-            self._routed_children[(model, target, priority)] = children
-        requests, sizes, running = children
-        requests.inc()
-        sizes.observe(request_size)
-        running.inc()
+        child = self._child
+        if self._v1:
+            child(self._requests, model, target, str(priority)).inc()
+        else:
+            child(self._requests, model, target).inc()
+        child(self._request_sizes, model, target).observe(request_size)
+        child(self._running, model).inc()
 
     def request_finished(self, model: str) -> None:
         """The stream of a routed request ended, however it ended: pairs with `request_routed`."""
-        self._running_child(model).dec()
+        self._child(self._running, model).dec()
 
-    def _running_child(self, model: str) -> Any:
-        child = self._running_children.get(model)
-        if child is None:
-            child = self._running_children[model] = self._running.labels(model)
-        return child
+    def _child(self, family: Counter | Gauge | Histogram, *labels: str) -> Any:
+        key = (family, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = family.labels(*labels)
+        return found
 
     def scheduled(self, seconds: float) -> None:
         """The scheduler spent `seconds` on one request (v1 only; v0.3 had no such metric)."""
@@ -187,7 +181,7 @@ class RequestMetrics:
             self._scheduling.observe(seconds)
 
     def request_failed(self, model: str, target: str, error_code: str) -> None:
-        self._errors.labels(model, target, error_code).inc()
+        self._child(self._errors, model, target, error_code).inc()
 
     def response_complete(
         self,
@@ -200,19 +194,11 @@ class RequestMetrics:
         output_tokens: int,
     ) -> None:
         """The model server's response ended. Non-positive durations and token counts are skipped."""
-        children = self._response_children.get((model, target))
-        if children is None:
-            children = self._response_children[(model, target)] = (
-                self._duration.labels(model, target),
-                self._response_sizes.labels(model, target),
-                self._input_tokens.labels(model, target),
-                self._output_tokens.labels(model, target),
-            )
-        durations, sizes, inputs, outputs = children
+        child = self._child
         if duration > 0:
-            durations.observe(duration)
-        sizes.observe(response_size)
+            child(self._duration, model, target).observe(duration)
+        child(self._response_sizes, model, target).observe(response_size)
         if input_tokens > 0:
-            inputs.observe(input_tokens)
+            child(self._input_tokens, model, target).observe(input_tokens)
         if output_tokens > 0:
-            outputs.observe(output_tokens)
+            child(self._output_tokens, model, target).observe(output_tokens)
