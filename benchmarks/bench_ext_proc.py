@@ -7,14 +7,20 @@ headers (10 headers, values in raw_value), a ~200 B JSON completion request (BUF
 response headers, three messages per HTTP request, many streams in flight. Half the requests name a
 model whose target differs, so the body-rewrite path is exercised too. Prints, never asserts.
 `--transport` picks the server: the EPP's own `epp.h2` (default) or grpc.aio (`grpcio`).
+`--protocol v1` replays the v1 set-up instead (both bodies FULL_DUPLEX_STREAMED, as upstream's test
+envoy.yaml): request headers and body sent without waiting (two replies back: the routing headers and
+the body), then the response headers and a ~300 B JSON completion with usage, each answered; four
+messages per request. `--profile FILE` writes the server's cProfile stats there.
 
     .venv/bin/python benchmarks/bench_ext_proc.py [--seconds 10] [--concurrency 32] [--transport grpcio]
+        [--protocol buffered|v1] [--profile FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import random
@@ -27,6 +33,7 @@ from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
@@ -51,7 +58,8 @@ from epp.scheduling import Scheduler
 
 METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 PODS = 10
-MESSAGES_PER_REQUEST = 3
+BUFFERED, V1 = "buffered", "v1"
+_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 
 # --- the server process ------------------------------------------------------------------------
@@ -89,7 +97,7 @@ def _seeded_store(clock: float) -> Datastore:
     return store
 
 
-async def serve(transport: str) -> None:
+async def serve(transport: str, profile: str | None) -> None:
     # Fresh metrics forever: the clock the scheduler sees stands still at the scrape time.
     frozen = time.monotonic()
     store = _seeded_store(frozen)
@@ -118,7 +126,13 @@ async def serve(transport: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+    profiler = cProfile.Profile() if profile else None
+    if profiler is not None:
+        loop.add_signal_handler(signal.SIGUSR1, profiler.enable)
     await stop.wait()
+    if profiler is not None and profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
     await server.stop(None)
 
 
@@ -134,8 +148,8 @@ def _headers(pairs: dict[str, str], response: bool = False) -> bytes:
     return bytes(req.SerializeToString())
 
 
-def captured_requests() -> list[list[bytes]]:
-    """Two request shapes (passthrough and rewrite), each as the 3 messages Envoy sends."""
+def captured_requests(protocol: str = BUFFERED) -> list[list[bytes]]:
+    """Two request shapes (passthrough and rewrite), each as the messages Envoy sends (module docstring)."""
     request_headers = _headers(
         {
             ":authority": "gateway.example.com:8081",
@@ -154,6 +168,26 @@ def captured_requests() -> list[list[bytes]]:
         {":status": "200", "content-type": "application/json", "date": "Sun, 29 Nov 2026 12:00:00 GMT"},
         response=True,
     )
+    if protocol == V1:
+        req = pb.ProcessingRequest.FromString(request_headers)
+        req.protocol_config.request_body_mode = _DUPLEX
+        req.protocol_config.response_body_mode = _DUPLEX
+        request_headers = bytes(req.SerializeToString())
+        completion = {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": "llama-3-8b",
+            "choices": [
+                {"index": 0, "text": " SELECT id, total FROM orders ORDER BY created_at DESC LIMIT 10;"}
+            ],
+            "usage": {"prompt_tokens": 17, "completion_tokens": 16, "total_tokens": 33},
+        }
+        response_body = pb.ProcessingRequest(
+            response_body=pb.HttpBody(body=json.dumps(completion).encode(), end_of_stream=True)
+        )
+        response_tail = [response_headers, bytes(response_body.SerializeToString())]
+    else:
+        response_tail = [response_headers]
     shapes = []
     for model in ("llama-3-8b", "sql-lora"):
         body = json.dumps(
@@ -166,33 +200,37 @@ def captured_requests() -> list[list[bytes]]:
             }
         ).encode()
         req = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
-        shapes.append([request_headers, bytes(req.SerializeToString()), response_headers])
+        shapes.append([request_headers, bytes(req.SerializeToString()), *response_tail])
     return shapes
 
 
-async def drive(port: int, seconds: float, concurrency: int, pid: int) -> None:
-    shapes = captured_requests()
-    counts = {"messages": 0, "errors": 0, "rejected": 0}
+async def drive(port: int, seconds: float, concurrency: int, pid: int, protocol: str, profile: bool) -> None:
+    shapes = captured_requests(protocol)
+    per_request = len(shapes[0])
+    # Full duplex: the request headers get no reply of their own; the body gets two (headers, body).
+    replies_to = {0: 0, 1: 2} if protocol == V1 else {}
+    counts = {"messages": 0, "errors": 0, "rejected": 0, "requests": 0}
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     method = channel.stream_stream(METHOD)
     deadline = 0.0
 
     async def one_request(messages: list[bytes]) -> None:
         call = method()
-        for message in messages:
+        for index, message in enumerate(messages):
             await call.write(message)
-            reply = await call.read()
-            if reply is grpc.aio.EOF:
-                counts["errors"] += 1
-                return
             counts["messages"] += 1
-            if message is messages[1] and pb.ProcessingResponse.FromString(reply).HasField(
-                "immediate_response"
-            ):
-                counts["rejected"] += 1  # the benchmark must measure routing, not rejections
+            for _ in range(replies_to.get(index, 1)):
+                reply = await call.read()
+                if reply is grpc.aio.EOF:
+                    counts["errors"] += 1
+                    return
+                if index == 1 and pb.ProcessingResponse.FromString(reply).HasField("immediate_response"):
+                    counts["rejected"] += 1  # the benchmark must measure routing, not rejections
+                    return
         await call.done_writing()
         if await call.code() != grpc.StatusCode.OK:
             counts["errors"] += 1
+        counts["requests"] += 1
 
     async def worker(i: int) -> None:
         n = i
@@ -203,7 +241,9 @@ async def drive(port: int, seconds: float, concurrency: int, pid: int) -> None:
     # Warm up (imports, first-stream costs, allocator), then measure.
     deadline = time.monotonic() + 1.0
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    counts.update(messages=0, errors=0, rejected=0)
+    counts.update(messages=0, errors=0, rejected=0, requests=0)
+    if profile:
+        os.kill(pid, signal.SIGUSR1)  # the server profiles the measured part only
     cpu_before, wall_before = server_cpu_seconds(pid), time.monotonic()
     deadline = wall_before + seconds
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
@@ -212,9 +252,17 @@ async def drive(port: int, seconds: float, concurrency: int, pid: int) -> None:
     msgs = counts["messages"]
     print(f"streams in flight      {concurrency}")
     rate = msgs / wall
-    print(f"messages answered      {msgs} in {wall:.1f} s wall ({rate:,.0f} msg/s, {rate / 3:,.0f} req/s)")
+    requests = counts["requests"]
+    print(f"protocol               {protocol} ({per_request} messages per request)")
+    print(
+        f"messages answered      {msgs} in {wall:.1f} s wall ({rate:,.0f} msg/s, "
+        f"{requests / wall:,.0f} req/s)"
+    )
     print(f"server CPU             {cpu:.2f} s ({cpu / wall:.0%} of one core)")
-    print(f"server cost            {cpu / msgs * 1e6:.0f} µs CPU per message")
+    print(
+        f"server cost            {cpu / msgs * 1e6:.0f} µs CPU per message, "
+        f"{cpu / max(1, requests) * 1e6:.0f} per request"
+    )
     print(f"THROUGHPUT             {msgs / cpu:,.0f} messages/s per core (target ≥ 4,000)")
     if counts["errors"] or counts["rejected"]:
         print(f"errors / rejected      {counts['errors']} / {counts['rejected']}")
@@ -234,17 +282,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--transport", choices=EXT_PROC_TRANSPORTS, default=H2_TRANSPORT)
+    parser.add_argument("--protocol", choices=[BUFFERED, V1], default=BUFFERED)
+    parser.add_argument("--profile", metavar="FILE", help="write the server's cProfile stats here")
     args = parser.parse_args()
     if args.mode == "serve":
-        asyncio.run(serve(args.transport))
+        asyncio.run(serve(args.transport, args.profile))
         return
     print(f"transport: {args.transport}")
     command = [sys.executable, __file__, "serve", "--transport", args.transport]
+    if args.profile:
+        command += ["--profile", args.profile]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
-        asyncio.run(drive(port, args.seconds, args.concurrency, server.pid))
+        asyncio.run(
+            drive(port, args.seconds, args.concurrency, server.pid, args.protocol, bool(args.profile))
+        )
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -24,18 +24,29 @@ class PrefixIndex:
         self._holders: dict[int, set[EndpointKey]] = {}
 
     def matches(self, hashes: Sequence[int]) -> Mapping[EndpointKey, int]:
-        """For each pod holding a prefix of ``hashes``, the number of leading blocks it holds."""
+        """For each pod holding a prefix of ``hashes``, the number of leading blocks it holds.
+
+        A pod's count is written once, when it drops out (or at the end), not once per block it
+        holds, and the candidates are only intersected when some of them lack the block: a system
+        prompt shared by every pod cost a Python-level write per pod and block (2.2 ms a request at
+        1,000 pods and 19 blocks; 0.25 ms now, benchmarks/bench_prefix.py)."""
         found: dict[EndpointKey, int] = {}
-        candidates: set[EndpointKey] | None = None
-        for count, h in enumerate(hashes, start=1):
+        candidates: set[EndpointKey] = set()
+        reached = 0  # blocks every pod in `candidates` holds
+        for h in hashes:
             holders = self._holders.get(h)
             if not holders:
                 break
-            candidates = set(holders) if candidates is None else candidates & holders
-            if not candidates:
-                break
-            for pod in candidates:
-                found[pod] = count
+            if not reached:
+                candidates = set(holders)
+            elif not candidates <= holders:  # (the usual answer, yes, needs no new set)
+                kept = candidates & holders
+                found.update(dict.fromkeys(candidates - kept, reached))
+                if not kept:
+                    return found
+                candidates = kept
+            reached += 1
+        found.update(dict.fromkeys(candidates, reached))
         return found
 
     def record(self, pod: EndpointKey, hashes: Sequence[int]) -> None:

@@ -28,9 +28,11 @@ Decisions that differ from upstream v0.3.0 (DESIGN.md §2):
 from __future__ import annotations
 
 import functools
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from epp.config import SchedulerConfig
 from epp.datastore.types import PodMetrics
@@ -87,8 +89,7 @@ class FreshPodsScheduler:
         limit = max(1, limit)
         threshold = self._config.metrics_staleness_threshold
         now = self._clock()
-        # Same test as PodMetrics.is_fresh, inlined: this runs per request over every pod.
-        fresh = [p for p in pods if (u := p.metrics.updated_at) is not None and now - u <= threshold]
+        fresh = fresh_pods(pods, now, threshold)
         if not fresh:
             if request.critical:
                 first = self._rng.choice(pods)
@@ -129,6 +130,23 @@ class Scheduler(FreshPodsScheduler):
             # Unreachable with the v0.3.0 tree (only the drop node ends empty, and it raises).
             raise ResourceExhausted(DROP_MESSAGE)
         return self._rng.choice(survivors)
+
+
+def fresh_pods(pods: Sequence[PodMetrics], now: float, threshold: float) -> list[PodMetrics]:
+    """The pods whose metrics are fresh (PodMetrics.is_fresh), in their given order.
+
+    Usually every pod is: then the oldest scrape decides for all (``now - u`` only grows as ``u``
+    falls), found by two C-level passes instead of a Python-level test per pod. ``sum`` raises on a
+    never-scraped pod (None) and is NaN when a time is; both take the pod-by-pod test.
+    """
+    times: list[Any] = [p.metrics.updated_at for p in pods]  # float | None: None raises in sum()
+    try:
+        all_fresh = not math.isnan(sum(times)) and now - min(times) <= threshold
+    except TypeError:
+        all_fresh = False
+    if all_fresh:
+        return pods if isinstance(pods, list) else list(pods)  # never mutated: no copy needed
+    return [p for p in pods if (u := p.metrics.updated_at) is not None and now - u <= threshold]
 
 
 def build_tree(config: SchedulerConfig, rng: random.Random) -> FilterNode:

@@ -33,6 +33,8 @@ Critical requests go to a uniform draw and the rest are shed.
 
 from __future__ import annotations
 
+import heapq
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -172,8 +174,8 @@ Picker = Callable[[list[PodMetrics], Scores, random.Random], PodMetrics]
 
 def pick_max_score(pods: list[PodMetrics], totals: Scores, rng: random.Random) -> PodMetrics:
     """The highest total; ties at random."""
-    best = max(totals)
-    winners = [p for p, total in zip(pods, totals, strict=True) if total >= best - 1e-9]
+    cut = max(totals) - 1e-9
+    winners = [p for p, total in zip(pods, totals, strict=True) if total >= cut]
     return winners[0] if len(winners) == 1 else rng.choice(winners)
 
 
@@ -188,6 +190,26 @@ def pick_weighted_random(pods: list[PodMetrics], totals: Scores, rng: random.Ran
     if sum(weights) <= 0:
         return rng.choice(pods)
     return rng.choices(pods, weights=weights, k=1)[0]
+
+
+def ranked_rest(
+    pods: Sequence[PodMetrics], totals: Scores, first: PodMetrics, count: int
+) -> list[PodMetrics]:
+    """Up to `count` pods other than `first`, highest total first, equal totals in the given order:
+    ``sorted(others, key=lambda i: (-totals[i], i))[:count]`` without sorting them all. Stable
+    selection by total alone gives the same order when the totals are finite (NaN is unordered: the
+    sort above is kept for it)."""
+    if count <= 0:
+        return []
+    n = len(pods)
+    if math.isfinite(sum(totals)):
+        # One more than asked, in case `first` is among the best; nlargest is stable, as sorted is.
+        top = heapq.nlargest(count + 1, range(n), key=totals.__getitem__)
+        rest = [i for i in top if pods[i] is not first]
+        if len(rest) >= count or len(top) == n:
+            return [pods[i] for i in rest[:count]]
+    others = sorted((i for i, p in enumerate(pods) if p is not first), key=lambda i: (-totals[i], i))
+    return [pods[i] for i in others[:count]]
 
 
 PICKERS: dict[str, Picker] = {
@@ -209,8 +231,11 @@ class ScorerScheduler(FreshPodsScheduler):
         pool_name: str = "",
     ) -> None:
         super().__init__(config, rng, clock, pool_name=pool_name)
-        # Resolved once: the profile never changes while the scheduler lives.
-        self._scorers = weighted_scorers(config)
+        from epp.scheduling.columns import CompiledProfile  # here: columns imports this module
+
+        # Resolved once: the profile never changes while the scheduler lives. The totals come from
+        # the compiled profile (epp.scheduling.columns), identical to `total_scores` and faster.
+        self._totals = CompiledProfile(config).totals
         self._picker = PICKERS[config.scoring_profile.picker]
 
     def _rank(self, request: LLMRequest, fresh: list[PodMetrics], limit: int) -> list[PodMetrics]:
@@ -228,11 +253,10 @@ class ScorerScheduler(FreshPodsScheduler):
             return [fresh[0]]
         if self._picker is pick_random and limit == 1:
             return [self._rng.choice(fresh)]  # no scoring needed for one random pick
-        totals = _totals(request, fresh, config, self._scorers)
+        totals = self._totals(request, fresh)
         first = (
             self._rng.choice(fresh) if self._picker is pick_random else self._picker(fresh, totals, self._rng)
         )
         if limit == 1:
             return [first]
-        rest = sorted((i for i, p in enumerate(fresh) if p is not first), key=lambda i: (-totals[i], i))
-        return [first, *(fresh[i] for i in rest[: limit - 1])]
+        return [first, *ranked_rest(fresh, totals, first, limit - 1)]

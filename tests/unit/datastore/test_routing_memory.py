@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from epp.api import EndpointKey, NamespacedName, PodObject, v1alpha2
 from epp.datastore import Datastore, Dispatched, Metrics, new_datastore
 from harness.cluster.builders import PodBuilder, PoolBuilder
@@ -111,3 +117,52 @@ def test_clear_forgets_the_routing_memory() -> None:
     ds.pod_update_or_add(pod("a"))
     assert ds.prefix_matches((1,)) == {}
     assert dispatched(ds, "a") == Dispatched()
+
+
+# --- prefix matches against a model of the per-pod LRUs ----------------------------------------
+class LruModel:
+    """What the prefix memory means, kept the plain way: each pod's last `capacity` distinct blocks."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held: dict[EndpointKey, collections.OrderedDict[int, None]] = {}
+
+    def record(self, pod: EndpointKey, hashes: Sequence[int]) -> None:
+        if not hashes:
+            return
+        lru = self.held.setdefault(pod, collections.OrderedDict())
+        for h in hashes:
+            lru[h] = None
+            lru.move_to_end(h)
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+
+    def matches(self, hashes: Sequence[int]) -> dict[EndpointKey, int]:
+        """Each pod's run of leading blocks it holds, where that run is not empty."""
+        found = {}
+        for pod, lru in self.held.items():
+            run = next((i for i, h in enumerate(hashes) if h not in lru), len(hashes))
+            if run:
+                found[pod] = run
+        return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    capacity=st.integers(1, 6),
+    records=st.lists(
+        st.tuples(st.sampled_from("abcdef"), st.lists(st.integers(0, 7), max_size=6)), max_size=30
+    ),
+    queries=st.lists(st.lists(st.integers(0, 7), max_size=8), min_size=1, max_size=5),
+)
+def test_prefix_matches_are_each_pods_leading_run_of_held_blocks(
+    capacity: int, records: list[tuple[str, list[int]]], queries: list[list[int]]
+) -> None:
+    names = sorted({name for name, _ in records})
+    ds = store(*names, capacity=capacity)
+    model = LruModel(capacity)
+    for name, hashes in records:
+        ds.prefix_record(key(name), hashes)
+        model.record(key(name), hashes)
+    for hashes in queries:
+        assert dict(ds.prefix_matches(hashes)) == model.matches(hashes)
