@@ -18,7 +18,9 @@ DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * MiB
 DEFAULT_MAX_CONCURRENT_STREAMS: Final = 1000
 DEFAULT_STREAM_WINDOW: Final = 256 * 1024
 DEFAULT_CONNECTION_WINDOW: Final = 16 * MiB
-DEFAULT_MAX_FRAME_BYTES: Final = 1 * MiB
+# No larger than a fresh stream window: a frame of the advertised size always fits one (h2spec's
+# 4.2/1 sends one without waiting for credit).
+DEFAULT_MAX_FRAME_BYTES: Final = DEFAULT_STREAM_WINDOW
 DEFAULT_MAX_HEADER_LIST_BYTES: Final = 64 * 1024
 DEFAULT_MAX_CONNECTIONS: Final = 1000
 DEFAULT_PREFACE_TIMEOUT: Final = 10.0
@@ -105,7 +107,7 @@ class Limits:
     @property
     def effective_connection_window(self) -> int:
         """``connection_window``, raised to hold a largest message, ``waiting_bytes`` and a frame:
-        the most a connection ever holds of the peer's data (22 MiB with the EPP's defaults)."""
+        the most a connection ever holds of the peer's data (21.25 MiB with the EPP's defaults)."""
         needed = self.max_message_bytes + 5 + self.waiting_bytes + self.max_frame_bytes
         return min(f.MAX_WINDOW, max(self.connection_window, needed))
 

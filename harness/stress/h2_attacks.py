@@ -82,6 +82,7 @@ class Target:
     tls: ssl.SSLContext | None = None
     path: str = EXT_PROC_PATH
     hold: bytes = EXT_PROC_HOLD
+    server_name: str = "localhost"  # what the TLS certificate is checked for
 
 
 @dataclass
@@ -123,11 +124,13 @@ class RawPeer:
         self.sent = 0
 
     @classmethod
-    async def connect(cls, host: str, port: int, tls: ssl.SSLContext | None = None) -> RawPeer:
+    async def connect(
+        cls, host: str, port: int, tls: ssl.SSLContext | None = None, server_name: str = "localhost"
+    ) -> RawPeer:
         if not ipaddress.ip_address(host).is_loopback:
             raise ValueError(f"attacks go to loopback addresses only, not {host}")
         reader, writer = await asyncio.open_connection(
-            host, port, ssl=tls, server_hostname="localhost" if tls else None, limit=1 << 20
+            host, port, ssl=tls, server_hostname=server_name if tls else None, limit=1 << 20
         )
         return cls(reader, writer)
 
@@ -197,7 +200,7 @@ async def _run(
     """Connect, run ``script``, and read what the server says: meanwhile (so its GOAWAY is read
     before a reset could discard it), or only afterwards for a client that "never reads"."""
     started = time.monotonic()
-    peer = await RawPeer.connect(target.host, target.port, target.tls)
+    peer = await RawPeer.connect(target.host, target.port, target.tls, target.server_name)
     try:
         reading = None if read_after else asyncio.create_task(peer.outcome(seconds, started))
         try:
@@ -429,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--ca", type=Path, help="the CA (PEM) of the port's TLS certificate; plain text without"
     )
+    parser.add_argument("--server-name", default="localhost", help="the name on that certificate")
     parser.add_argument("--path", default=EXT_PROC_PATH, help="the gRPC method streams are opened on")
     parser.add_argument("--only", default="", help=f"comma-separated, of: {', '.join(ATTACKS)}")
     parser.add_argument("--seconds", type=float, default=10.0, help="upper bound per attack")
@@ -442,7 +446,8 @@ def main(argv: list[str] | None = None) -> None:
         tls = ssl.create_default_context(cadata=args.ca.read_text())
         tls.set_alpn_protocols(["h2"])
     hold = EXT_PROC_HOLD if args.path == EXT_PROC_PATH else b"wait"
-    asyncio.run(_main(Target(args.host, args.port, tls, args.path, hold), names, args.seconds))
+    target = Target(args.host, args.port, tls, args.path, hold, args.server_name)
+    asyncio.run(_main(target, names, args.seconds))
 
 
 if __name__ == "__main__":
