@@ -703,8 +703,16 @@ class Connection(asyncio.Protocol):
             # Stream credit for what the stream no longer holds: the padding and the messages handed
             # over (all of this frame, usually); what a partial or queued message holds comes back later.
             credit = size + held - stream.held
-            if credit:
+            if not credit:
+                pass
+            elif stream.lent:
                 self._stream_consumed(stream, credit)
+            else:  # _stream_consumed, inline: this is the hot path
+                recv.owed += credit
+                if recv.available < recv.size >> 1:
+                    increment, recv.owed = recv.owed, 0
+                    recv.available += increment
+                    self._write(f.window_update(stream.id, increment))
 
     def _consumed(self, n: int) -> None:
         increment = self._inflow.consume(n)
@@ -722,8 +730,8 @@ class Connection(asyncio.Protocol):
             stream.lent = 0
             n -= lent
         recv = stream.recv
-        recv.owed += n  # Inbound.consume, inline: this is the hot path
-        if recv.available < recv.size >> 1:
+        recv.owed += n  # Inbound.consume, inline
+        if recv.owed and recv.available < recv.size >> 1:
             increment, recv.owed = recv.owed, 0
             recv.available += increment
             self._write(f.window_update(stream.id, increment))
