@@ -824,8 +824,13 @@ class Connection(asyncio.Protocol):
                 buffer += data[position:]
             if buffer:
                 self._assembling(stream)
-        if handed:
-            self._consumed(handed)
+        if handed:  # self._consumed(handed), inline: this is the hot path
+            inflow = self._inflow
+            inflow.owed += handed
+            if inflow.available < inflow.size >> 1:
+                increment, inflow.owed = inflow.owed, 0
+                inflow.available += increment
+                self._write(f.window_update(0, increment))
 
     # --- running handlers --------------------------------------------------------------------------
     def _message(self, stream: _Stream, message: bytes) -> None:
@@ -985,7 +990,8 @@ class Connection(asyncio.Protocol):
     def _forget(self, stream: _Stream, by_peer: bool) -> None:
         if self._streams.pop(stream.id, None) is not None:
             self._closed_streams.add(stream.id, by_peer)
-            self._unblock(stream)
+            if self._conn_blocked or self._window_blocked:
+                self._unblock(stream)
             self._check_idle()
 
     def _reset(self, stream: _Stream, code: int) -> None:
