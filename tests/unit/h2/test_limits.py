@@ -164,6 +164,22 @@ def test_a_message_longer_than_its_stream_window_gets_the_window_widened_and_the
     assert wire.results[sid].replies[-1] == b"re:after"
 
 
+def test_whole_messages_give_connection_and_stream_credit_back_as_they_are_handed_over() -> None:
+    limits = Limits(
+        max_message_bytes=20_000, max_frame_bytes=16_384, stream_window=65_535, connection_window=65_535
+    )
+    wire = Wire(limits=limits)
+    sid = wire.open()
+    window = limits.effective_connection_window
+    for n in range(2 * window // 16_005 + 1):  # twice the connection window, a frame per message
+        wire.send(sid, b"%05d" % n + b"w" * 15_995)
+        wire.pump()
+    assert len(wire.results[sid].replies) == 2 * window // 16_005 + 1
+    assert wire.client.outbound_flow_control_window > window // 2
+    assert wire.client.local_flow_control_window(sid) > 65_535 // 2
+    assert wire.goaway is None
+
+
 def test_stream_credit_for_an_incomplete_message_waits_until_it_is_complete() -> None:
     wire = Wire(limits=Limits(stream_window=65_535, max_frame_bytes=16_384))
     sid = wire.open()
