@@ -35,7 +35,7 @@ DEFAULT_RESETS_PER_SECOND: Final = 1000
 DEFAULT_EMPTY_FRAMES_PER_SECOND: Final = 100
 DEFAULT_WRITE_BUFFER_HIGH: Final = 1 * MiB
 DEFAULT_CLOSED_STREAMS_REMEMBERED: Final = 1024
-WAITING_STREAM_WINDOWS: Final = 16
+WAITING_STREAM_WINDOWS: Final = 8
 """Incomplete messages waiting for a reservation may hold this many stream windows in all."""
 GOAWAY_GRACE: Final = 1.0
 """Seconds between the two GOAWAYs of an idle close: streams the peer opened meanwhile are served."""
@@ -107,7 +107,7 @@ class Limits:
     @property
     def effective_connection_window(self) -> int:
         """``connection_window``, raised to hold a largest message, ``waiting_bytes`` and a frame:
-        the most a connection ever holds of the peer's data (21.25 MiB with the EPP's defaults)."""
+        the most a connection ever holds of the peer's data (19.25 MiB with the EPP's defaults)."""
         needed = self.max_message_bytes + 5 + self.waiting_bytes + self.max_frame_bytes
         return min(f.MAX_WINDOW, max(self.connection_window, needed))
 

@@ -813,7 +813,7 @@ _H2_FLAGS: tuple[tuple[str, str, Callable[[str], int | float], str], ...] = (
         "--h2-connection-window",
         "connection_window",
         parse_byte_size,
-        "Receive window per connection; raised to hold a largest message, 16 stream windows and a frame.",
+        "Receive window per connection; raised to hold a largest message, 8 stream windows and a frame.",
     ),
     ("--h2-max-connections", "max_connections", int, "Connections at once; more are refused."),
     (

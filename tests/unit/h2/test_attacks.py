@@ -72,7 +72,7 @@ EXPECTED: list[tuple[str, Callable[[Outcome], bool]]] = [
     ("20k-streams", lambda o: calm(o) and o.resets[f.REFUSED_STREAM] > 0),
     # The streams past the reservation budget overran their stream windows; the connection is kept.
     ("buffer-pinning", lambda o: o.goaway is None and o.resets[f.FLOW_CONTROL_ERROR] > 0),
-    # Within the windows: what waits past 16 stream windows is cut short (RESOURCE_EXHAUSTED
+    # Within the windows: what waits past 8 stream windows is cut short (RESOURCE_EXHAUSTED
     # trailers, then RST_STREAM NO_ERROR); the connection is kept.
     ("buffer-pinning-in-windows", lambda o: o.goaway is None and set(o.resets) == {f.NO_ERROR}),
     ("data-past-the-window", lambda o: o.goaway is None and o.resets == {f.FLOW_CONTROL_ERROR: 1}),

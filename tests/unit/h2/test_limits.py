@@ -13,7 +13,7 @@ import pytest
 
 from epp.h2 import frames as f
 from epp.h2.connection import Connection, Limits
-from epp.h2.limits import GOAWAY_GRACE
+from epp.h2.limits import GOAWAY_GRACE, WAITING_STREAM_WINDOWS
 
 from .support import (
     FakeClock,
@@ -69,21 +69,21 @@ MiB = 1024 * 1024
 @pytest.mark.parametrize(
     ("limits", "window", "waiting", "budget"),
     [
-        # The EPP's: a 16 MiB body limit (+1 MiB), 256 KiB stream windows and frames: 21.25 MiB at most.
+        # The EPP's: a 16 MiB body limit (+1 MiB), 256 KiB stream windows and frames: 19.25 MiB at most.
         pytest.param(
             Limits(max_message_bytes=17 * MiB),
-            17 * MiB + 5 + 4 * MiB + MiB // 4,
-            4 * MiB,
+            17 * MiB + 5 + 2 * MiB + MiB // 4,
+            2 * MiB,
             17 * MiB + 5,
             id="epp",
         ),
-        pytest.param(Limits(), 16 * MiB, 4 * MiB, 12 * MiB - MiB // 4, id="defaults-the-window-as-set"),
+        pytest.param(Limits(), 16 * MiB, 2 * MiB, 14 * MiB - MiB // 4, id="defaults-the-window-as-set"),
         pytest.param(
             Limits(
                 max_message_bytes=100, stream_window=65_535, max_frame_bytes=16_384, connection_window=65_535
             ),
-            105 + 16 * 65_535 + 16_384,
-            16 * 65_535,
+            105 + 8 * 65_535 + 16_384,
+            8 * 65_535,
             105,
             id="small-raised-to-one-message",
         ),
@@ -141,7 +141,9 @@ def test_incomplete_messages_hold_connection_credit_until_they_are_complete() ->
     assert wire.results[first].replies == wire.results[second].replies == [b"re:" + b"m" * 250_000]
 
 
-# A reservation budget of one 100,000-byte message; 16 stream windows of 65,535 may wait beside it.
+# A reservation budget of one 100,000-byte message; WAITING_STREAM_WINDOWS (8) stream windows of
+# 65,535 may wait beside it.
+W = WAITING_STREAM_WINDOWS
 ONE_RESERVATION = Limits(
     max_message_bytes=100_000, max_frame_bytes=16_384, stream_window=65_535, connection_window=65_535
 )
@@ -219,11 +221,11 @@ def test_messages_waiting_past_the_limit_end_the_stream_that_adds_more_and_the_o
     big = grpc_message(b"a" * 100_000)
     reserved = wire.open()
     wire.send_bytes(reserved, big[:10_000])
-    waiting = [wire.open() for _ in range(17)]
+    waiting = [wire.open() for _ in range(W + 1)]
     for sid in waiting:
-        wire.send_bytes(sid, big[:65_000])  # 16 of them: 1,040,000, within the 1,048,560 that may wait
+        wire.send_bytes(sid, big[:65_000])  # W of them: within the W x 65,535 that may wait
     wire.pump()
-    assert [wire.results[sid].status for sid in waiting] == [None] * 16 + [8]
+    assert [wire.results[sid].status for sid in waiting] == [None] * W + [8]
     assert "too many incomplete messages wait" in wire.results[waiting[-1]].message
     # The window still holds the reserved message beside all that waits: the connection never stalls.
     for sid in [reserved, *waiting[:-1]]:
@@ -270,18 +272,18 @@ async def _test_data_past_the_connection_window_is_a_flow_control_error() -> Non
     limits = Limits(
         max_message_bytes=100, max_frame_bytes=16_384, stream_window=65_535, connection_window=65_535
     )
-    assert limits.effective_connection_window == 1_065_049
+    assert limits.effective_connection_window == 105 + W * 65_535 + 16_384
     wire, sid, gate = _suspended_stream(limits)
     sids = [sid]
-    for _ in range(16):
+    for _ in range(W):
         sids.append(wire.open())
         wire.send(sids[-1], b"wait")
     wire.pump()
     wire.transport.take()
-    for sid in sids[:16]:  # whole messages queued behind the handles: 16 x 65,520 bytes
+    for sid in sids[:W]:  # whole messages queued behind the handles: W x 65,520 bytes
         wire.raw(data(sid, grpc_message(b"x" * 100) * 156) * 4)
     assert goaway_code(wire.transport.take()) is None
-    wire.raw(data(sids[16], grpc_message(b"x" * 100) * 156) * 2)
+    wire.raw(data(sids[W], grpc_message(b"x" * 100) * 156) * 2)
     assert goaway_code(wire.transport.take()) == f.FLOW_CONTROL_ERROR
     assert wire.ended()
     wire.lose()
