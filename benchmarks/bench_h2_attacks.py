@@ -2,7 +2,7 @@
 
 Three processes: the server (`epp.h2.GrpcServer` over TLS with the EPP's limits and the real
 `ExtProcServicer`, plus a method whose handler waits on "wait" messages), the attacker (one attack
-of `tests/unit/h2/attacks.py` at a time, over one connection or, for the connection-count attacks,
+of `harness/stress/h2_attacks.py` at a time, over one connection or, for the connection-count attacks,
 many), and this driver, which meanwhile sends real ext_proc requests (3 messages each, one after
 another, on its own connection) and samples the server's RSS. Loopback only, every attack bounded
 in frames and seconds. Targets (issue 21): RSS growth ≤ 8 MiB per attacking connection, a normal
@@ -36,14 +36,14 @@ from typing import Any
 import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests.unit.h2.attacks
+sys.path.insert(0, str(ROOT))  # harness.stress.h2_attacks
 
 import bench_ext_proc  # noqa: E402  (beside this file)
 
 from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES, GRPC_MESSAGE_HEADROOM  # noqa: E402
 from epp.h2 import GrpcServer, Limits  # noqa: E402
 from epp.server.tls import KeyPair, self_signed, ssl_context  # noqa: E402
-from tests.unit.h2.attacks import ATTACKS, HOLD_PATH, Outcome  # noqa: E402
+from harness.stress.h2_attacks import ATTACKS, HOLD_PATH, Outcome, Target  # noqa: E402
 
 # How many connections each attack uses (the rest: one).
 CONNECTIONS = {"idle-connection": 200, "slowloris-mid-header": 50}
@@ -117,7 +117,8 @@ async def attack(name: str, port: int, ca: bytes, seconds: float) -> None:
     tls.set_alpn_protocols(["h2"])
     count = CONNECTIONS.get(name, 1)
     results = await asyncio.gather(
-        *(ATTACKS[name]("127.0.0.1", port, tls, seconds) for _ in range(count)), return_exceptions=True
+        *(ATTACKS[name](Target("127.0.0.1", port, tls, HOLD_PATH, b"wait"), seconds) for _ in range(count)),
+        return_exceptions=True,
     )
     outcomes = [r for r in results if isinstance(r, Outcome)]
     errors = [repr(r) for r in results if not isinstance(r, Outcome)]

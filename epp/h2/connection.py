@@ -16,10 +16,13 @@ method: UNIMPLEMENTED; a handler's ``StreamError``: its status; any other except
 
 What bounds a peer's cost (``Limits``; GOAWAY ENHANCE_YOUR_CALM past a rate or cap):
 - streams: SETTINGS_MAX_CONCURRENT_STREAMS is advertised, a stream past it is REFUSED_STREAM;
-- memory: receive windows are credited back only for bytes handed to a handler or dropped (the
-  message being assembled counts against the connection window, which holds at least two largest
-  messages; should incomplete messages fill it to within a frame, the stream that adds more ends
-  RESOURCE_EXHAUSTED instead of the connection stalling);
+- memory: stream and connection windows are credited back only for bytes handed to a handler or
+  dropped, so a connection never holds more than its window. A message being assembled reserves its
+  declared length out of the connection's reservation budget, and its stream window is widened to
+  fit it (the extra credit is not given back); a message that finds the budget spent waits, first
+  come first served, within its stream window, and should waiting messages hold more than
+  ``Limits.waiting_bytes`` the stream adding more ends RESOURCE_EXHAUSTED. Messages holding
+  reservations always fit in the rest of the window: the connection never stalls;
 - output: reading stops while the transport's write buffer is above its high-water mark, and control
   replies (PING and SETTINGS ACKs, RST_STREAM) queued behind a peer that does not read are capped;
 - frame rates: SETTINGS, PING, RST_STREAM (and refused streams), empty DATA and CONTINUATION;
@@ -117,9 +120,12 @@ class Connection(asyncio.Protocol):
         self._header_frames = 0
         self._last_stream = 0
         self._inflow = Inbound(limits.effective_connection_window)
-        # Incomplete messages filling the connection window to within a frame end the stream that
-        # adds more: the peer could not send another byte, and no message could be completed.
-        self._held_limit = self._inflow.size - limits.max_frame_bytes
+        self._max_message = limits.max_message_bytes
+        self._budget = limits.reservation_budget
+        self._reserved = 0  # of the budget, by streams assembling a message
+        self._waiting: dict[_Stream, None] = {}  # streams whose message waits for a reservation
+        self._unreserved = 0  # bytes of incomplete messages without a reservation
+        self._unreserved_limit = limits.waiting_bytes
         self._send_window = f.DEFAULT_WINDOW
         self._peer_initial_window = f.DEFAULT_WINDOW
         self._max_send_credit = 0  # at least every open stream's send_credit
@@ -682,25 +688,46 @@ class Connection(asyncio.Protocol):
                 return
         if size > data_bytes:
             self._consumed(size - data_bytes)  # padding
+        held = stream.held
         if stream.finished:  # the status is decided: the rest of the request is dropped
             self._consumed(data_bytes)
+        elif (
+            not stream.buffer
+            and stream.task is None
+            and data_bytes >= _GRPC_PREFIX_BYTES
+            and not payload[0]
+            and int.from_bytes(payload[1:5], "big") == data_bytes - _GRPC_PREFIX_BYTES
+            and data_bytes - _GRPC_PREFIX_BYTES <= self._max_message
+        ):
+            # The usual frame (Envoy's): one whole message, handed over at once; _messages' work, inline.
+            self._message(stream, bytes(payload[_GRPC_PREFIX_BYTES:]))
+            inflow.owed += data_bytes  # self._consumed(data_bytes), inline
+            if inflow.available < inflow.size >> 1:
+                increment, inflow.owed = inflow.owed, 0
+                inflow.available += increment
+                self._write(f.window_update(0, increment))
         else:
-            stream.held += data_bytes
+            stream.held = held + data_bytes
             self._messages(stream, payload)
-            if stream.buffer and inflow.held > self._held_limit and not stream.finished:
-                message = "the connection's flow-control window is full of incomplete messages"
+            if stream.counted and self._unreserved > self._unreserved_limit and not stream.finished:
+                message = "too many incomplete messages wait for the connection's flow-control window"
                 self._finish(stream, RESOURCE_EXHAUSTED, message)
         if end_stream:
             self._remote_end(stream)
         elif stream.id in self._streams and not stream.finished:
-            if stream.task is None:
-                recv.owed += size  # Inbound.consume, inline
+            # Stream credit for what the stream no longer holds: the padding and the messages handed
+            # over (all of this frame, usually); what a partial or queued message holds comes back later.
+            credit = size + held - stream.held
+            if not credit:
+                pass
+            elif stream.lent:
+                self._stream_consumed(stream, credit)
+            else:  # _stream_consumed, inline: this is the hot path
+                recv.owed += credit
                 if recv.available < recv.size >> 1:
                     increment, recv.owed = recv.owed, 0
                     recv.available += increment
                     self._write(f.window_update(stream.id, increment))
-            else:
-                stream.withheld += size  # given back once the suspended handle has returned
 
     def _consumed(self, n: int) -> None:
         increment = self._inflow.consume(n)
@@ -708,9 +735,69 @@ class Connection(asyncio.Protocol):
             self._write(f.window_update(0, increment))
 
     def _stream_consumed(self, stream: _Stream, n: int) -> None:
-        increment = stream.recv.consume(n)
-        if increment:
+        """``n`` bytes the stream held are gone: credit for them, less what was lent past its window
+        for a message (repaid once it is complete: until then the padding of its frames is credited)."""
+        lent = stream.lent
+        if lent and not stream.reserved:
+            if n <= lent:
+                stream.lent = lent - n
+                return
+            stream.lent = 0
+            n -= lent
+        recv = stream.recv
+        recv.owed += n  # Inbound.consume, inline
+        if recv.owed and recv.available < recv.size >> 1:
+            increment, recv.owed = recv.owed, 0
+            recv.available += increment
             self._write(f.window_update(stream.id, increment))
+
+    # --- reservations for messages being assembled -------------------------------------------------
+    def _assembling(self, stream: _Stream) -> None:
+        """After a DATA frame left ``stream.buffer`` non-empty: reserve the message's declared length
+        (or wait for it), and count what waits."""
+        buffer = stream.buffer
+        # Once the length is known (and was checked): reserve it, or wait in line.
+        if not stream.reserved and len(buffer) >= _GRPC_PREFIX_BYTES and stream not in self._waiting:
+            total = _GRPC_PREFIX_BYTES + int.from_bytes(buffer[1:5], "big")
+            if not self._reserved or self._reserved + total <= self._budget:
+                self._reserve(stream, total)
+                return
+            self._waiting[stream] = None
+        if not stream.reserved:
+            self._unreserved += len(buffer) - stream.counted
+            stream.counted = len(buffer)
+
+    def _reserve(self, stream: _Stream, total: int) -> None:
+        """Reserve ``total`` bytes for the message in the stream's buffer and widen its window to fit."""
+        stream.reserved = total
+        self._reserved += total
+        self._unreserved -= stream.counted
+        stream.counted = 0
+        recv = stream.recv
+        missing = total - len(stream.buffer) - recv.available
+        if missing > 0 and stream.id in self._streams and not stream.remote_closed:
+            recv.available += missing
+            stream.lent += missing
+            self._write(f.window_update(stream.id, missing))
+
+    def _assembled(self, stream: _Stream) -> None:
+        """The stream's message is complete or dropped: its reservation (or place in line) is free."""
+        if stream.counted:
+            self._unreserved -= stream.counted
+            stream.counted = 0
+        if stream.reserved:
+            self._reserved -= stream.reserved
+            stream.reserved = 0
+            waiting = self._waiting
+            while waiting:  # first come, first served
+                first = next(iter(waiting))
+                total = _GRPC_PREFIX_BYTES + int.from_bytes(first.buffer[1:5], "big")
+                if self._reserved and self._reserved + total > self._budget:
+                    break
+                del waiting[first]
+                self._reserve(first, total)
+        elif self._waiting:
+            self._waiting.pop(stream, None)
 
     def _messages(self, stream: _Stream, payload: memoryview) -> None:
         """Cut gRPC messages (1-byte flag, 4-byte length, bytes) out of a stream's DATA."""
@@ -736,6 +823,8 @@ class Connection(asyncio.Protocol):
             if end - start < length:
                 break
             position = start + length
+            if stream.reserved or stream.counted or self._waiting:
+                self._assembled(stream)
             message_bytes = bytes(data[start:position])
             if stream.task is None:
                 stream.held -= _GRPC_PREFIX_BYTES + length
@@ -748,8 +837,15 @@ class Connection(asyncio.Protocol):
                 del buffer[:position]
             elif position < end:
                 buffer += data[position:]
-        if handed:
-            self._consumed(handed)
+            if buffer:
+                self._assembling(stream)
+        if handed:  # self._consumed(handed), inline: this is the hot path
+            inflow = self._inflow
+            inflow.owed += handed
+            if inflow.available < inflow.size >> 1:
+                increment, inflow.owed = inflow.owed, 0
+                inflow.available += increment
+                self._write(f.window_update(0, increment))
 
     # --- running handlers --------------------------------------------------------------------------
     def _message(self, stream: _Stream, message: bytes) -> None:
@@ -794,17 +890,17 @@ class Connection(asyncio.Protocol):
         try:
             if stream.close_after_task:
                 self._release(stream)
+            credit = 0
             while stream.queue and stream.task is None and not stream.finished:
                 message = stream.queue.popleft()
                 stream.held -= _GRPC_PREFIX_BYTES + len(message)
+                credit += _GRPC_PREFIX_BYTES + len(message)
                 self._consumed(_GRPC_PREFIX_BYTES + len(message))
                 self._message(stream, message)
             if stream.remote_closed and stream.task is None and not stream.finished:
                 self._finish(stream, OK, "")
-            if stream.task is None and stream.withheld and not stream.finished:
-                withheld, stream.withheld = stream.withheld, 0
-                if stream.id in self._streams and not stream.remote_closed:
-                    self._stream_consumed(stream, withheld)
+            if credit and not stream.finished and stream.id in self._streams and not stream.remote_closed:
+                self._stream_consumed(stream, credit)
         finally:
             self._flush_out()
 
@@ -889,6 +985,8 @@ class Connection(asyncio.Protocol):
         """Drop what the stream still holds of the peer's DATA, giving its credit back."""
         stream.queue.clear()
         stream.buffer.clear()
+        if stream.reserved or stream.counted or self._waiting:
+            self._assembled(stream)
         held, stream.held = stream.held, 0
         if held:
             self._consumed(held)
@@ -907,7 +1005,8 @@ class Connection(asyncio.Protocol):
     def _forget(self, stream: _Stream, by_peer: bool) -> None:
         if self._streams.pop(stream.id, None) is not None:
             self._closed_streams.add(stream.id, by_peer)
-            self._unblock(stream)
+            if self._conn_blocked or self._window_blocked:
+                self._unblock(stream)
             self._check_idle()
 
     def _reset(self, stream: _Stream, code: int) -> None:

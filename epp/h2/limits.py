@@ -16,9 +16,11 @@ MiB: Final = 1024 * 1024
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * MiB
 DEFAULT_MAX_CONCURRENT_STREAMS: Final = 1000
-DEFAULT_STREAM_WINDOW: Final = 1 * MiB
-DEFAULT_CONNECTION_WINDOW: Final = 32 * MiB
-DEFAULT_MAX_FRAME_BYTES: Final = 1 * MiB
+DEFAULT_STREAM_WINDOW: Final = 256 * 1024
+DEFAULT_CONNECTION_WINDOW: Final = 16 * MiB
+# No larger than a fresh stream window: a frame of the advertised size always fits one (h2spec's
+# 4.2/1 sends one without waiting for credit).
+DEFAULT_MAX_FRAME_BYTES: Final = DEFAULT_STREAM_WINDOW
 DEFAULT_MAX_HEADER_LIST_BYTES: Final = 64 * 1024
 DEFAULT_MAX_CONNECTIONS: Final = 1000
 DEFAULT_PREFACE_TIMEOUT: Final = 10.0
@@ -33,6 +35,8 @@ DEFAULT_RESETS_PER_SECOND: Final = 1000
 DEFAULT_EMPTY_FRAMES_PER_SECOND: Final = 100
 DEFAULT_WRITE_BUFFER_HIGH: Final = 1 * MiB
 DEFAULT_CLOSED_STREAMS_REMEMBERED: Final = 1024
+WAITING_STREAM_WINDOWS: Final = 8
+"""Incomplete messages waiting for a reservation may hold this many stream windows in all."""
 GOAWAY_GRACE: Final = 1.0
 """Seconds between the two GOAWAYs of an idle close: streams the peer opened meanwhile are served."""
 
@@ -42,11 +46,13 @@ class Limits:
     """Everything the server enforces per connection (the connection cap is the server's).
 
     Windows: the peer gets ``stream_window`` per stream (SETTINGS_INITIAL_WINDOW_SIZE) and
-    ``connection_window`` in all; both are topped up only as the bytes are consumed (see
-    ``epp.h2.flow``). The connection window is raised to hold at least two largest messages, else
-    such a message could not arrive beside another. Rates are per second with a burst of one
-    second's worth; a peer over one gets GOAWAY ENHANCE_YOUR_CALM. Timeouts are seconds; 0 turns one
-    off.
+    ``effective_connection_window`` in all; both are topped up only as the bytes are consumed (see
+    ``epp.h2.flow``), so what a connection holds of the peer's data never exceeds its window. An
+    incomplete message reserves its declared length out of ``reservation_budget`` (its stream window
+    is widened to fit it); messages waiting for a reservation stay within their stream windows and
+    ``waiting_bytes`` in all (past it the stream adding more ends RESOURCE_EXHAUSTED). Rates are per
+    second with a burst of one second's worth; a peer over one gets GOAWAY ENHANCE_YOUR_CALM.
+    Timeouts are seconds; 0 turns one off.
     """
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -94,8 +100,19 @@ class Limits:
                 raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)}")
 
     @property
+    def waiting_bytes(self) -> int:
+        """Incomplete messages without a reservation a connection holds at most, in all."""
+        return WAITING_STREAM_WINDOWS * self.stream_window
+
+    @property
     def effective_connection_window(self) -> int:
-        """``connection_window``, raised to hold two largest messages and a frame: two messages may be
-        assembled at once before incomplete messages are cut short (within a frame of the window)."""
-        needed = 2 * (self.max_message_bytes + 5) + self.max_frame_bytes
+        """``connection_window``, raised to hold a largest message, ``waiting_bytes`` and a frame:
+        the most a connection ever holds of the peer's data (19.25 MiB with the EPP's defaults)."""
+        needed = self.max_message_bytes + 5 + self.waiting_bytes + self.max_frame_bytes
         return min(f.MAX_WINDOW, max(self.connection_window, needed))
+
+    @property
+    def reservation_budget(self) -> int:
+        """What incomplete messages may reserve at once: the window less what waits and a frame (at
+        least one largest message; a reservation is granted whenever none is held)."""
+        return max(0, self.effective_connection_window - self.waiting_bytes - self.max_frame_bytes)

@@ -58,20 +58,22 @@ class Stream:
         "buffer",
         "close_after_task",
         "content_left",
+        "counted",
         "finished",
         "handler",
         "handler_closed",
         "headers_sent",
         "held",
         "id",
+        "lent",
         "pending",
         "queue",
         "recv",
         "remote_closed",
+        "reserved",
         "send_credit",
         "task",
         "trailers",
-        "withheld",
     )
 
     def __init__(self, stream_id: int, handler: GrpcStream, recv_window: int) -> None:
@@ -81,7 +83,9 @@ class Stream:
         self.content_left: int | None = None  # of a declared content-length, still to come
         self.held = 0  # DATA payload bytes received and not yet handed to the handler or dropped
         self.recv = Inbound(recv_window)
-        self.withheld = 0  # stream credit kept back while a handle() is suspended
+        self.reserved = 0  # of the connection's reservation budget, for the message in `buffer`
+        self.lent = 0  # stream credit granted past the window for that message, not given back
+        self.counted = 0  # what `buffer` adds to the connection's unreserved incomplete bytes
         self.send_credit = 0
         self.pending: collections.deque[memoryview] = collections.deque()  # DATA held by flow control
         self.trailers: bytes | None = None  # held behind `pending`

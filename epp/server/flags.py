@@ -803,12 +803,17 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str], notes: li
 # (flag, Limits field, parser, help). Defaults are epp.h2.limits's.
 _H2_FLAGS: tuple[tuple[str, str, Callable[[str], int | float], str], ...] = (
     ("--h2-max-concurrent-streams", "max_concurrent_streams", int, "Streams per connection (advertised)."),
-    ("--h2-stream-window", "stream_window", parse_byte_size, "Receive window per stream (bytes, 1Mi)."),
+    (
+        "--h2-stream-window",
+        "stream_window",
+        parse_byte_size,
+        "Receive window per stream (bytes, 256Ki); widened for a message longer than it.",
+    ),
     (
         "--h2-connection-window",
         "connection_window",
         parse_byte_size,
-        "Receive window per connection; raised to hold two largest messages.",
+        "Receive window per connection; raised to hold a largest message, 8 stream windows and a frame.",
     ),
     ("--h2-max-connections", "max_connections", int, "Connections at once; more are refused."),
     (

@@ -1,6 +1,6 @@
-"""Attacks on `epp.h2.GrpcServer` over real loopback sockets (`attacks.py`): each gets the GOAWAY or
-RST_STREAM code it should, its connection ends where it should, and a normal gRPC call on another
-connection (grpcio's client) is answered meanwhile."""
+"""Attacks on `epp.h2.GrpcServer` over real loopback sockets (`harness.stress.h2_attacks`): each gets
+the GOAWAY or RST_STREAM code it should, its connection ends where it should, and a normal gRPC call
+on another connection (grpcio's client) is answered meanwhile."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from epp.h2 import GrpcServer, Limits
 from epp.h2 import frames as f
 from epp.server.tls import self_signed, ssl_context
+from harness.stress.h2_attacks import ATTACKS, HOLD_PATH, Outcome, RawPeer, Target
 
-from .attacks import ATTACKS, HOLD_PATH, Outcome, RawPeer
 from .support import Recorder, Script
 
 # Short timeouts so the slow attacks end quickly; every other limit is the default.
@@ -70,15 +70,22 @@ EXPECTED: list[tuple[str, Callable[[Outcome], bool]]] = [
     ("settings-flood-no-read", calm),
     ("ping-flood-no-read", calm),
     ("20k-streams", lambda o: calm(o) and o.resets[f.REFUSED_STREAM] > 0),
-    # Cut short (RESOURCE_EXHAUSTED trailers, then RST_STREAM NO_ERROR) once the window is full.
-    ("buffer-pinning", lambda o: o.goaway is None and o.resets[f.NO_ERROR] > 0),
+    # The streams past the reservation budget overran their stream windows; the connection is kept.
+    ("buffer-pinning", lambda o: o.goaway is None and o.resets[f.FLOW_CONTROL_ERROR] > 0),
+    # Within the windows: what waits past 8 stream windows is cut short (RESOURCE_EXHAUSTED
+    # trailers, then RST_STREAM NO_ERROR); the connection is kept.
+    ("buffer-pinning-in-windows", lambda o: o.goaway is None and set(o.resets) == {f.NO_ERROR}),
     ("data-past-the-window", lambda o: o.goaway is None and o.resets == {f.FLOW_CONTROL_ERROR: 1}),
     ("hpack-bomb", lambda o: o.goaway == f.COMPRESSION_ERROR and o.closed),
     ("malformed-preface", lambda o: o.goaway == f.PROTOCOL_ERROR and o.closed),
     ("slowloris-mid-header", calm),
     ("idle-connection", calm),
 ]
-SECONDS = {"buffer-pinning": 2.0, "data-past-the-window": 2.0}
+SECONDS = {"buffer-pinning": 2.0, "buffer-pinning-in-windows": 2.0, "data-past-the-window": 2.0}
+
+
+def target(port: int, tls: ssl.SSLContext | None = None) -> Target:
+    return Target("127.0.0.1", port, tls, HOLD_PATH, b"wait")
 
 
 @pytest.mark.parametrize(("name", "expected"), [pytest.param(n, e, id=n) for n, e in EXPECTED])
@@ -88,7 +95,7 @@ def test_an_attack_is_stopped_and_a_normal_call_is_answered_meanwhile(
     async def scenario() -> None:
         async with attacked() as (port, channel, _):
             assert await normal_call(channel) == b"re:hello"  # connected before the attack
-            attack = asyncio.create_task(ATTACKS[name]("127.0.0.1", port, None, SECONDS.get(name, 10.0)))
+            attack = asyncio.create_task(ATTACKS[name](target(port), SECONDS.get(name, 10.0)))
             answered = 0
             while not attack.done():
                 assert await normal_call(channel) == b"re:hello"
@@ -106,7 +113,7 @@ def test_attacks_over_tls_are_stopped_too(name: str) -> None:
     async def scenario() -> None:
         async with attacked(tls=True) as (port, channel, client_tls):
             assert await normal_call(channel) == b"re:hello"
-            outcome = await ATTACKS[name]("127.0.0.1", port, client_tls, 10.0)
+            outcome = await ATTACKS[name](target(port, client_tls), 10.0)
             assert calm(outcome), f"{name}: {outcome}"
             assert await normal_call(channel) == b"re:hello"
 

@@ -13,7 +13,7 @@ import pytest
 
 from epp.h2 import frames as f
 from epp.h2.connection import Connection, Limits
-from epp.h2.limits import GOAWAY_GRACE
+from epp.h2.limits import GOAWAY_GRACE, WAITING_STREAM_WINDOWS
 
 from .support import (
     FakeClock,
@@ -60,12 +60,43 @@ def test_settings_advertise_the_stream_limit_and_the_windows() -> None:
     assert remote.max_concurrent_streams == 7
     assert remote.initial_window_size == 100_000
     assert remote.enable_push == 0
-    assert wire.client.outbound_flow_control_window == limits.effective_connection_window == 32 * 1024 * 1024
+    assert wire.client.outbound_flow_control_window == limits.effective_connection_window == 16 * 1024 * 1024
 
 
-def test_the_connection_window_holds_at_least_two_largest_messages() -> None:
-    limits = Limits(max_message_bytes=40 * 1024 * 1024, connection_window=65_535)
-    assert limits.effective_connection_window == 2 * (40 * 1024 * 1024 + 5) + limits.max_frame_bytes
+MiB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("limits", "window", "waiting", "budget"),
+    [
+        # The EPP's: a 16 MiB body limit (+1 MiB), 256 KiB stream windows and frames: 19.25 MiB at most.
+        pytest.param(
+            Limits(max_message_bytes=17 * MiB),
+            17 * MiB + 5 + 2 * MiB + MiB // 4,
+            2 * MiB,
+            17 * MiB + 5,
+            id="epp",
+        ),
+        pytest.param(Limits(), 16 * MiB, 2 * MiB, 14 * MiB - MiB // 4, id="defaults-the-window-as-set"),
+        pytest.param(
+            Limits(
+                max_message_bytes=100, stream_window=65_535, max_frame_bytes=16_384, connection_window=65_535
+            ),
+            105 + 8 * 65_535 + 16_384,
+            8 * 65_535,
+            105,
+            id="small-raised-to-one-message",
+        ),
+    ],
+)
+def test_the_connection_window_holds_a_largest_message_what_waits_and_a_frame(
+    limits: Limits, window: int, waiting: int, budget: int
+) -> None:
+    assert (limits.effective_connection_window, limits.waiting_bytes, limits.reservation_budget) == (
+        window,
+        waiting,
+        budget,
+    )
 
 
 def test_a_stream_past_the_limit_is_refused_and_the_others_are_served() -> None:
@@ -91,13 +122,10 @@ def test_refused_streams_count_against_the_reset_rate() -> None:
 
 
 # --- receive windows -------------------------------------------------------------------------------
-SMALL_WINDOWS = Limits(max_message_bytes=100_000, max_frame_bytes=16_384, connection_window=65_535)
-
-
 def test_incomplete_messages_hold_connection_credit_until_they_are_complete() -> None:
     limits = Limits(max_message_bytes=250_000, max_frame_bytes=16_384, connection_window=65_535)
     wire = Wire(limits=limits)
-    window = limits.effective_connection_window  # 516,394: topped up once less than half is left
+    window = limits.effective_connection_window  # topped up once less than half is left
     assert wire.client.outbound_flow_control_window == window
     first, second = wire.open(), wire.open()
     message = grpc_message(b"m" * 250_000)
@@ -113,20 +141,97 @@ def test_incomplete_messages_hold_connection_credit_until_they_are_complete() ->
     assert wire.results[first].replies == wire.results[second].replies == [b"re:" + b"m" * 250_000]
 
 
-def test_incomplete_messages_filling_the_connection_window_end_the_stream_that_adds_more() -> None:
-    wire = Wire(limits=SMALL_WINDOWS)  # a window of 216,394 bytes, frames of 16,384
+# A reservation budget of one 100,000-byte message; WAITING_STREAM_WINDOWS (8) stream windows of
+# 65,535 may wait beside it.
+W = WAITING_STREAM_WINDOWS
+ONE_RESERVATION = Limits(
+    max_message_bytes=100_000, max_frame_bytes=16_384, stream_window=65_535, connection_window=65_535
+)
+
+
+def test_a_message_longer_than_its_stream_window_gets_the_window_widened_and_then_back_to_normal() -> None:
+    wire = Wire(limits=ONE_RESERVATION)
+    sid = wire.open()
+    big = grpc_message(b"b" * 100_000)
+    wire.send_bytes(sid, big[:16_384])
+    wire.pump()
+    # Widened for the whole message (the h2 client would refuse to send past the window otherwise).
+    assert wire.client.local_flow_control_window(sid) == len(big) - 16_384
+    wire.send_bytes(sid, big[16_384:])
+    wire.pump()
+    assert wire.results[sid].replies == [b"re:" + b"b" * 100_000]
+    assert wire.client.local_flow_control_window(sid) == 65_535  # what was lent is not given back
+    wire.send(sid, b"after", end=True)
+    wire.pump()
+    assert wire.results[sid].replies[-1] == b"re:after"
+
+
+def test_whole_messages_give_connection_and_stream_credit_back_as_they_are_handed_over() -> None:
+    limits = Limits(
+        max_message_bytes=20_000, max_frame_bytes=16_384, stream_window=65_535, connection_window=65_535
+    )
+    wire = Wire(limits=limits)
+    sid = wire.open()
+    window = limits.effective_connection_window
+    for n in range(2 * window // 16_005 + 1):  # twice the connection window, a frame per message
+        wire.send(sid, b"%05d" % n + b"w" * 15_995)
+        wire.pump()
+    assert len(wire.results[sid].replies) == 2 * window // 16_005 + 1
+    assert wire.client.outbound_flow_control_window > window // 2
+    assert wire.client.local_flow_control_window(sid) > 65_535 // 2
+    assert wire.goaway is None
+
+
+def test_stream_credit_for_an_incomplete_message_waits_until_it_is_complete() -> None:
+    wire = Wire(limits=Limits(stream_window=65_535, max_frame_bytes=16_384))
+    sid = wire.open()
+    message = grpc_message(b"c" * 60_000)
+    wire.send_bytes(sid, message[:40_000])  # less than half the window left: credit would be due
+    wire.pump()
+    assert wire.client.local_flow_control_window(sid) == 65_535 - 40_000  # nothing given back yet
+    wire.send_bytes(sid, message[40_000:])
+    wire.pump()
+    assert wire.results[sid].replies == [b"re:" + b"c" * 60_000]
+    assert wire.client.local_flow_control_window(sid) == 65_535
+
+
+def test_a_message_the_budget_cannot_hold_waits_within_its_window_and_goes_on_when_one_is_done() -> None:
+    wire = Wire(limits=ONE_RESERVATION)
     first, second, third = wire.open(), wire.open(), wire.open()
     big = grpc_message(b"a" * 100_000)
-    wire.send_bytes(first, big[:60_000])
-    wire.send_bytes(second, big[:60_000])
-    wire.send_bytes(third, big[:90_000])  # 210,000 incomplete: within a frame of the window
+    for sid in (first, second, third):
+        wire.send_bytes(sid, big[:30_000])
     wire.pump()
-    assert [wire.results[sid].status for sid in (first, second, third)] == [None, None, 8]
-    assert "full of incomplete messages" in wire.results[third].message
-    for sid in (first, second):
-        wire.send_bytes(sid, big[60_000:], end=True)
+    assert wire.client.local_flow_control_window(first) == len(big) - 30_000  # reserved
+    assert wire.client.local_flow_control_window(second) == 65_535 - 30_000  # waiting, in order
+    assert wire.client.local_flow_control_window(third) == 65_535 - 30_000
+    wire.send_bytes(first, big[30_000:])
+    wire.pump()
+    assert wire.client.local_flow_control_window(second) == len(big) - 30_000  # its turn
+    assert wire.client.local_flow_control_window(third) == 65_535 - 30_000
+    for sid in (second, third):
+        wire.send_bytes(sid, big[30_000:])
         wire.pump()
-    assert [wire.results[sid].replies for sid in (first, second)] == [[b"re:" + b"a" * 100_000]] * 2
+    assert [wire.results[sid].replies for sid in (first, second, third)] == [[b"re:" + b"a" * 100_000]] * 3
+    assert wire.goaway is None
+
+
+def test_messages_waiting_past_the_limit_end_the_stream_that_adds_more_and_the_others_complete() -> None:
+    wire = Wire(limits=ONE_RESERVATION)
+    big = grpc_message(b"a" * 100_000)
+    reserved = wire.open()
+    wire.send_bytes(reserved, big[:10_000])
+    waiting = [wire.open() for _ in range(W + 1)]
+    for sid in waiting:
+        wire.send_bytes(sid, big[:65_000])  # W of them: within the W x 65,535 that may wait
+    wire.pump()
+    assert [wire.results[sid].status for sid in waiting] == [None] * W + [8]
+    assert "too many incomplete messages wait" in wire.results[waiting[-1]].message
+    # The window still holds the reserved message beside all that waits: the connection never stalls.
+    for sid in [reserved, *waiting[:-1]]:
+        wire.send_bytes(sid, big[65_000 if sid != reserved else 10_000 :])
+        wire.pump()
+    assert all(wire.results[sid].replies == [b"re:" + b"a" * 100_000] for sid in [reserved, *waiting[:-1]])
     assert wire.goaway is None
 
 
@@ -164,12 +269,21 @@ def test_data_past_the_connection_window_is_a_flow_control_error() -> None:
 
 
 async def _test_data_past_the_connection_window_is_a_flow_control_error() -> None:
-    limits = Limits(max_message_bytes=100, max_frame_bytes=16_384, connection_window=65_535)
+    limits = Limits(
+        max_message_bytes=100, max_frame_bytes=16_384, stream_window=65_535, connection_window=65_535
+    )
+    assert limits.effective_connection_window == 105 + W * 65_535 + 16_384
     wire, sid, gate = _suspended_stream(limits)
-    frame = data(sid, grpc_message(b"x" * 100) * 156)  # whole messages, queued behind the handle
-    wire.raw(frame * 4)
+    sids = [sid]
+    for _ in range(W):
+        sids.append(wire.open())
+        wire.send(sids[-1], b"wait")
+    wire.pump()
+    wire.transport.take()
+    for sid in sids[:W]:  # whole messages queued behind the handles: W x 65,520 bytes
+        wire.raw(data(sid, grpc_message(b"x" * 100) * 156) * 4)
     assert goaway_code(wire.transport.take()) is None
-    wire.raw(frame)
+    wire.raw(data(sids[W], grpc_message(b"x" * 100) * 156) * 2)
     assert goaway_code(wire.transport.take()) == f.FLOW_CONTROL_ERROR
     assert wire.ended()
     wire.lose()

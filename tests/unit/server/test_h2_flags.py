@@ -25,8 +25,8 @@ def test_the_defaults_are_the_limits_defaults_and_generous_for_envoy() -> None:
     limits = parse_flags(_base(), {}).config.h2
     assert limits == Limits()
     assert limits.max_concurrent_streams >= 1000
-    assert limits.connection_window == 32 * 1024 * 1024
-    assert limits.stream_window == 1024 * 1024
+    assert limits.connection_window == 16 * 1024 * 1024
+    assert limits.stream_window == 256 * 1024
 
 
 @pytest.mark.parametrize(
