@@ -10,6 +10,8 @@ per-test records the plugin writes (``--conformance-json``) and prints, per scen
   upstream (``@pytest.mark.departure``) and this EPP behaves otherwise;
 * ``upstream bug: <name>`` — the test checks behaviour a known upstream bug breaks
   (``@pytest.mark.upstream_bug``) and this EPP shows it;
+* ``not applicable: <capability>`` — the test needs a capability (``@pytest.mark.needs``) this EPP
+  lacks (its flag profile says so, e.g. v1.6.0's round-robin lwepp, or ``--epp-lacks``): not run;
 * ``FAIL`` — anything else; its evidence follows the table (what was sent through Envoy, what came
   back, which pod got each request, and what the traffic oracle saw).
 
@@ -37,13 +39,14 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 from harness.cli.console import Column, console, table
-from harness.cluster import go_binaries
+from harness.cluster import go_binaries, releases
 from harness.subject import flag_profiles
 from harness.subject.foreign_epp import EppCommand
 from harness.verdicts import departures
@@ -86,6 +89,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         choices=sorted(flag_profiles.PROFILES),
         help="the EPP's flag dialect: v0.3 (camelCase), v1 (kebab-case), lwepp (default: from its --help)",
     )
+    parser.add_argument(
+        "--epp-lacks",
+        metavar="CAPABILITIES",
+        help="comma list of capabilities the EPP lacks, so scenarios that need them are 'not applicable' "
+        f"({', '.join(departures.CAPABILITIES)}; default: its flag profile's, '' for none)",
+    )
+    parser.add_argument(
+        "--crd-release",
+        metavar="VERSION",
+        help=f"the CRDs to install and the API generation to speak: {', '.join(releases.RELEASES)} "
+        f"(default: ${releases.CRD_RELEASE_ENV}, else {releases.DEFAULT_CRD_RELEASE})",
+    )
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
     parser.add_argument("-k", dest="keyword", help="only scenarios matching this pytest -k expression")
     parser.add_argument("--json", type=Path, help="also keep the per-scenario records (JSON) here")
@@ -96,6 +111,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.crd_release is not None:
+        try:
+            releases.check_release(args.crd_release)
+        except releases.UnknownReleaseError as exc:
+            print(f"harness conformance: {exc}", file=sys.stderr)
+            return 2
     if args.upstream is not None:
         version = str(args.upstream).removeprefix("v")
         if go_binaries.find_upstream_epp(version) is None:
@@ -127,17 +148,26 @@ def run(args: argparse.Namespace) -> int:
             *(["-k", args.keyword] if args.keyword else []),
             *([f"--epp-fixed-ports={args.epp_fixed_ports}"] if args.epp_fixed_ports is not None else []),
             *([f"--epp-flags={args.epp_flags}"] if args.epp_flags else []),
+            *([f"--epp-lacks={args.epp_lacks}"] if args.epp_lacks is not None else []),
+            *([f"--crd-release={args.crd_release}"] if args.crd_release else []),
         ]  # fmt: skip
-        print(f"running the EPP-agnostic scenarios against {command!r} ...", flush=True)
+        release = args.crd_release or releases.default_release()
+        print(
+            f"running the EPP-agnostic scenarios against {command!r} on the CRDs of {release} ...", flush=True
+        )
+        started = time.monotonic()
         returncode = subprocess.run(argv, cwd=scratch, check=False).returncode
+        elapsed = time.monotonic() - started
         if returncode not in (0, 1) or not records_path.exists():
             print(f"harness conformance: pytest exited {returncode} without a complete run", file=sys.stderr)
             return returncode or 1
         document = json.loads(records_path.read_text())
     rows = [Row.from_record(record) for record in document["tests"]]
-    render(command, rows)
+    title = f"{command} (CRDs {release})"
+    render(title, rows)
+    print(f"ran in {_duration(elapsed)}", flush=True)
     if args.summary_md:
-        args.summary_md.write_text(markdown(command, rows))
+        args.summary_md.write_text(markdown(title, rows))
     return 1 if any(row.result == "FAIL" for row in rows) else 0
 
 
@@ -161,7 +191,8 @@ def classify(record: Mapping[str, Any]) -> str:
     if outcome == "passed":
         return "pass"
     if outcome == "skipped":
-        return "skipped"
+        missing = record.get("not_applicable") or []
+        return f"not applicable: {', '.join(missing)}" if missing else "skipped"
     if outcome != "failed" or record.get("stack_start_failed"):
         return "FAIL"  # an error setting up a scenario is never a behaviour difference
     if record.get("departure"):
@@ -182,6 +213,11 @@ def first_line(record: Mapping[str, Any]) -> str:
         return ""
     text = " ".join(str(record.get("message") or "").split())
     return text if len(text) <= WHAT_HAPPENED_CHARS else text[: WHAT_HAPPENED_CHARS - 1] + "…"
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
 def _counts(rows: Sequence[Row]) -> str:
@@ -233,6 +269,19 @@ def render(command: str, rows: Sequence[Row], out: TextIO | None = None) -> None
     if bugs:
         target.print(
             "known upstream bugs shown: " + "; ".join(f"{b} ({departures.UPSTREAM_BUGS[b]})" for b in bugs)
+        )
+    lacking = sorted(
+        {
+            name.strip()
+            for row in rows
+            if row.result.startswith("not applicable: ")
+            for name in row.result.removeprefix("not applicable: ").split(",")
+        }
+    )
+    if lacking:
+        target.print(
+            "capabilities this EPP lacks: "
+            + "; ".join(f"{c} ({departures.CAPABILITIES.get(c, '?')})" for c in lacking)
         )
     for row in rows:
         if row.result == "FAIL":

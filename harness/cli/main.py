@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    if args.epp_source is not None:
+        return go_binaries.build_epp_source(args.epp_source)
     argv = ["--upstream-epp", args.upstream_epp] if args.upstream_epp else []
     return go_binaries.main([*argv, *(["--helm"] if args.helm else [])])
 

@@ -23,7 +23,10 @@ comparison point for conformance and speed. ``go install ...@v0.3.0`` fails thro
 refuses the module's ``@v/list``, which go install reads for deprecation notices), but the module's
 go.mod has no ``replace`` lines, so the plain wrapper module builds it. It has no version flag, so
 its pin is checked in the build information Go embeds (``mod\t<module>\tv0.3.0``). Cached as
-``<cache>/upstream-epp/v0.3.0/upstream-epp``; ``$TEST_ASSET_UPSTREAM_EPP`` points elsewhere.
+``<cache>/upstream-epp/v0.3.0/upstream-epp``; ``$TEST_ASSET_UPSTREAM_EPP`` points elsewhere. From
+v1.6.0 the module has no ``./cmd/epp`` any more: the same name is its lightweight reference EPP,
+``./cmd/lwepp`` (the full one moved to llm-d-router, which ``harness build --epp-source DIR`` builds
+from a checkout, `harness.cluster.source_build`).
 
 helm (``helm.sh/helm/v3``, ``./cmd/helm``) for the chart checks and ``harness up --deploy``: its go.mod
 has no ``replace`` lines, so the plain wrapper module builds it, in a module of its own (it requires
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from harness.base.binaries import BinaryNotFoundError
-from harness.cluster import gobuild
+from harness.cluster import gobuild, source_build
 from harness.cluster.gobuild import BuildContext, GoBinary, GoBuild, Resolved
 
 KUBERNETES_VERSION: Final = "1.36.3"
@@ -232,8 +235,21 @@ UPSTREAM_EPP_VERSION: Final = "0.3.0"
 """The release the harness compares against (its CRDs are the ones the control plane installs)."""
 
 
+LIGHTWEIGHT_EPP_SINCE: Final = (1, 6)
+"""From v1.6.0 the module ships no full EPP, only the lightweight reference one (``./cmd/lwepp``:
+round robin, no metrics); the full EPP moved to llm-d-router (``harness build --epp-source``)."""
+
+
+def upstream_epp_package(version: str) -> str:
+    """The EPP's main package in the module at ``version``: ``./cmd/epp``, or ``./cmd/lwepp`` from v1.6.0."""
+    parsed = gobuild.parse_go_version(version.removeprefix("v"))
+    lightweight = parsed is not None and parsed[:2] >= LIGHTWEIGHT_EPP_SINCE
+    return f"{UPSTREAM_EPP_MODULE}/cmd/{'lwepp' if lightweight else 'epp'}"
+
+
 def upstream_epp_build(version: str = UPSTREAM_EPP_VERSION) -> GoBuild:
-    """Upstream's Go EPP at ``version`` ("0.3.0" or "v0.3.0"): one binary, ``upstream-epp``."""
+    """Upstream's Go EPP at ``version`` ("0.3.0" or "v0.3.0"): one binary, ``upstream-epp`` (the
+    lightweight ``./cmd/lwepp`` from v1.6.0, see ``upstream_epp_package``)."""
     version = version.removeprefix("v")
     return GoBuild(
         name="upstream-epp",
@@ -242,7 +258,7 @@ def upstream_epp_build(version: str = UPSTREAM_EPP_VERSION) -> GoBuild:
         binaries=(
             GoBinary(
                 "upstream-epp",
-                f"{UPSTREAM_EPP_MODULE}/cmd/epp",
+                upstream_epp_package(version),
                 (),  # no version flag: proven by the embedded build info
                 f"mod\t{UPSTREAM_EPP_MODULE}\tv{version}\t",
             ),
@@ -298,8 +314,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upstream-epp",
         metavar="VERSION",
-        help=f"also build upstream's Go EPP ({UPSTREAM_EPP_MODULE} ./cmd/epp) at VERSION, "
-        f"e.g. v{UPSTREAM_EPP_VERSION} (never built otherwise)",
+        help=f"also build upstream's Go EPP ({UPSTREAM_EPP_MODULE} ./cmd/epp; from v1.6.0 its lightweight "
+        f"./cmd/lwepp) at VERSION, e.g. v{UPSTREAM_EPP_VERSION} (never built otherwise)",
+    )
+    parser.add_argument(
+        "--epp-source",
+        metavar="DIR",
+        type=Path,
+        help="build ./cmd/epp of the Go module checked out at DIR (e.g. llm-d-router) into the harness "
+        "cache and print only its path (for `harness conformance --epp-command PATH`)",
     )
     parser.add_argument(
         "--helm",
@@ -313,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness build", description=main.__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.epp_source is not None:
+        return build_epp_source(args.epp_source)
     wanted = list(BUILDS)
     if args.helm:
         wanted.append(HELM)
@@ -337,6 +362,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     for seconds, names in builds.items():
         rss = results[names[0]].peak_rss_mib or 0
         print(f"built {', '.join(names)} in {seconds:.1f} s (peak RSS of the largest process {rss:.0f} MiB)")
+    return 0
+
+
+def build_epp_source(directory: Path, out: TextIO | None = None) -> int:
+    """``harness build --epp-source DIR``: progress on stderr, the binary's path alone on stdout."""
+    progress = sys.stderr if out is None else out
+    try:
+        built = source_build.build_from_source(directory, progress)
+    except (gobuild.GoBuildError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    what = "cached" if built.build_seconds is None else f"built in {built.build_seconds:.1f} s"
+    print(f"{built.revision.module} {built.revision.revision}: {what}", file=progress)
+    print(built.path)
     return 0
 
 

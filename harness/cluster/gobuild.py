@@ -228,7 +228,7 @@ def find(build: GoBuild, binary: GoBinary, note: TextIO | None = None) -> Resolv
                 check_version(build, binary, candidate, f"the default {DEFAULT_ASSETS_DIR}")
                 return Resolved(candidate, "assets")
             except BinaryVersionError as exc:
-                _say(note or sys.stderr, f"note: skipping {candidate}: {exc}")
+                say(note or sys.stderr, f"note: skipping {candidate}: {exc}")
     cached = cached_path(build, binary)
     if _is_executable(cached):
         return Resolved(cached, "cache")
@@ -335,7 +335,7 @@ def ensure(build: GoBuild, progress: TextIO | None = None) -> dict[str, Resolved
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        _say(out, f"another process is building {build.name} v{build.version}; waiting for {lock_path}")
+        say(out, f"another process is building {build.name} v{build.version}; waiting for {lock_path}")
         lock.acquire()
     try:
         missing = [b for b in missing if not _is_executable(cached_path(build, b))]  # built meanwhile?
@@ -362,7 +362,7 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
     names = ", ".join(b.name for b in binaries)
     step = f"[{build.name}]"
     try:
-        _say(out, f"{step} 1/4 resolving {build.module}@v{build.version} (go mod download) for {names}")
+        say(out, f"{step} 1/4 resolving {build.module}@v{build.version} (go mod download) for {names}")
         info = _download_module_info(go, f"{build.module}@v{build.version}", workdir, env)
         upstream = Path(info["GoMod"]).read_text(encoding="utf-8")
         required = parse_go_version(upstream_go_directive(build, upstream))
@@ -372,8 +372,8 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
         context = BuildContext(build.version, upstream, origin.get("Hash"), dt.datetime.now(dt.UTC))
         (workdir / "go.mod").write_text(wrapper_go_mod(build, context), encoding="utf-8")
         packages = [b.package for b in binaries]
-        _say(out, f"{step} 2/4 go get -tool {' '.join(packages)} (fetching modules)")
-        _run_counting(
+        say(out, f"{step} 2/4 go get -tool {' '.join(packages)} (fetching modules)")
+        run_counting(
             [go, "get", "-tool", *(f"{p}@v{build.version}" for p in packages)],
             workdir,
             env,
@@ -384,12 +384,12 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
         build_env = {**env, "CGO_ENABLED": "0"}  # static, as upstream's release builds
         tags = [f"-tags={build.tags}"] if build.tags else []
         total = _count_dependencies(go, workdir, build_env, tags, packages)
-        _say(out, f"{step} 3/4 go build {names} ({total} packages; cached ones are not recompiled)")
+        say(out, f"{step} 3/4 go build {names} ({total} packages; cached ones are not recompiled)")
         output_dir = workdir / "bin"
         output_dir.mkdir()
         command = [go, "build", "-v", "-trimpath", *tags, "-ldflags", build.ldflags(context)]
         target = [str(output_dir / binaries[0].name)] if len(binaries) == 1 else [f"{output_dir}/"]
-        _run_counting(
+        run_counting(
             [*command, "-o", *target, *packages],
             workdir,
             build_env,
@@ -397,7 +397,7 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
             lambda line: bool(line) and not line.startswith(("#", "go:", " ")),
             f"packages compiled (of {total})",
         )
-        _say(out, f"{step} 4/4 checking versions and moving into {cache_root()}")
+        say(out, f"{step} 4/4 checking versions and moving into {cache_root()}")
         for binary in binaries:
             built = output_dir / (
                 binary.name if len(binaries) == 1 else default_executable_name(binary.package)
@@ -410,7 +410,7 @@ def build_binaries(build: GoBuild, binaries: Sequence[GoBinary], out: TextIO) ->
             destination = cached_path(build, binary)
             destination.parent.mkdir(parents=True, exist_ok=True)
             os.replace(built, destination)  # same file system: the cache root holds the workdir
-            _say(out, f"{binary.name} v{build.version} ready at {destination}")
+            say(out, f"{binary.name} v{build.version} ready at {destination}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -474,7 +474,7 @@ def _count_dependencies(
     return len(result.stdout.split())
 
 
-def _run_counting(
+def run_counting(
     command: Sequence[str],
     cwd: Path,
     env: Mapping[str, str],
@@ -501,12 +501,12 @@ def _run_counting(
                     out.write(f"\r      {count} {label}")
                     out.flush()
                 elif now - last_report >= 10:
-                    _say(out, f"      {count} {label} ...")
+                    say(out, f"      {count} {label} ...")
                     last_report = now
         returncode = process.wait()
     if interactive:
         out.write("\r")
-    _say(out, f"      {count} {label}")
+    say(out, f"      {count} {label}")
     if returncode != 0:
         joined = "\n".join(tail)
         raise GoBuildError(f"`{' '.join(command)}` exited with {returncode}; last output:\n{joined}")
@@ -516,6 +516,6 @@ def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def _say(out: TextIO, message: str) -> None:
+def say(out: TextIO, message: str) -> None:
     out.write(message + "\n")
     out.flush()

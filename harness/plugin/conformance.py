@@ -10,6 +10,9 @@
   ``$EPP_HARNESS_EPP_FLAGS``) names its flag dialect (`harness.subject.flag_profiles`: ``v0.3``,
   ``v1``, ``lwepp``), read off its ``--help`` when not given; a profile that does not fit stops the
   run at once with the flag named, before any scenario.
+* ``@pytest.mark.needs(capability)``: a test that needs a capability the EPP under test lacks
+  (``EppCommand.lacks``: its flag profile's, or ``--epp-lacks`` / ``$EPP_HARNESS_EPP_LACKS``, a comma
+  list, ``""`` for none) is skipped as *not applicable* and recorded so (``not_applicable``).
   With an EPP command, only tests marked ``epp_agnostic`` run: the rest read our EPP's datastore
   view or pass our flags, and are skipped saying so.
 * The markers of `harness.verdicts.departures` (``epp_agnostic``, ``departure(name)``, ``upstream_bug(name)``)
@@ -22,6 +25,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -38,6 +42,7 @@ from harness.verdicts import departures
 
 EPP_COMMAND_ENV: Final = "EPP_HARNESS_EPP_COMMAND"
 EPP_FLAGS_ENV: Final = "EPP_HARNESS_EPP_FLAGS"
+EPP_LACKS_ENV: Final = "EPP_HARNESS_EPP_LACKS"
 _COMMAND: Final = pytest.StashKey["EppCommand | BinaryNotFoundError"]()
 _PROPERTY: Final = "conformance"
 _MESSAGE_CHARS: Final = 600
@@ -64,6 +69,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"the --epp-command's flag dialect: {', '.join(flag_profiles.PROFILES)} (default: read off "
         f"its --help; env {EPP_FLAGS_ENV})",
     )
+    group.addoption(
+        "--epp-lacks",
+        default=None,
+        metavar="CAPABILITIES",
+        help=f"comma list of capabilities the --epp-command lacks ({', '.join(departures.CAPABILITIES)}); "
+        f"tests that need one are not applicable to it (default: its flag profile's; env {EPP_LACKS_ENV})",
+    )
     group.addoption("--conformance-json", default=None, help="write each test's conformance record here")
 
 
@@ -83,11 +95,17 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{departures.UPSTREAM_BUG}(name): checks behaviour a known upstream bug breaks "
         f"(one of {', '.join(departures.UPSTREAM_BUGS)})",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{departures.NEEDS}(capability): only for an EPP with that capability; not applicable to one "
+        f"that lacks it (one of {', '.join(departures.CAPABILITIES)})",
+    )
     text = command_text(config)
     if text is not None:
         flags = config.getoption("epp_flags") or os.environ.get(EPP_FLAGS_ENV) or None
         try:
-            config.stash[_COMMAND] = EppCommand.from_text(text, config.getoption("epp_fixed_ports"), flags)
+            command = EppCommand.from_text(text, config.getoption("epp_fixed_ports"), flags)
+            config.stash[_COMMAND] = dataclasses.replace(command, lacks_override=lacks_option(config))
         except BinaryNotFoundError as exc:  # an upstream release not built: each scenario skips, saying so
             config.stash[_COMMAND] = exc
         except flag_profiles.FlagProfileError as exc:
@@ -95,6 +113,29 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("conformance_json")
     if path and getattr(config, "workerinput", None) is None:
         config.pluginmanager.register(_Recorder(config, Path(path)), "harness-conformance-recorder")
+
+
+def lacks_option(config: pytest.Config) -> frozenset[str] | None:
+    """``--epp-lacks`` (or its variable) as a set of known capabilities; None when neither is given."""
+    text = config.getoption("epp_lacks")
+    if text is None:
+        text = os.environ.get(EPP_LACKS_ENV)
+    if text is None:
+        return None
+    names = frozenset(name.strip() for name in str(text).split(",") if name.strip())
+    unknown = sorted(names - departures.CAPABILITIES.keys())
+    if unknown:
+        raise pytest.UsageError(
+            f"--epp-lacks: unknown capabilities {', '.join(unknown)}: name some of "
+            f"{', '.join(departures.CAPABILITIES)}"
+        )
+    return names
+
+
+def not_applicable(item: pytest.Item, command: EppCommand) -> list[str]:
+    """The capabilities ``item`` needs (``@pytest.mark.needs``) that ``command`` lacks, sorted."""
+    needed = {str(m.args[0]) for m in item.iter_markers(departures.NEEDS) if m.args}
+    return sorted(needed & command.lacks)
 
 
 def command_text(config: pytest.Config) -> str | None:
@@ -107,6 +148,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for kind, catalogue in (
             (departures.DEPARTURE, departures.DEPARTURES),
             (departures.UPSTREAM_BUG, departures.UPSTREAM_BUGS),
+            (departures.NEEDS, departures.CAPABILITIES),
         ):
             for marker in item.iter_markers(kind):
                 if len(marker.args) != 1 or marker.args[0] not in catalogue:
@@ -118,9 +160,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(
         reason="not EPP-agnostic (reads our datastore view or passes our flags): skipped with --epp-command"
     )
+    command = config.stash.get(_COMMAND, None)
     for item in items:
         if item.get_closest_marker(departures.EPP_AGNOSTIC) is None:
             item.add_marker(skip)
+        elif isinstance(command, EppCommand):
+            missing = not_applicable(item, command)
+            if missing:
+                reasons = "; ".join(f"{name} ({departures.CAPABILITIES[name]})" for name in missing)
+                item.add_marker(pytest.mark.skip(reason=f"not applicable: {command.name} lacks {reasons}"))
 
 
 @pytest.fixture(scope="session")
@@ -180,8 +228,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     message = ""
     if call.excinfo is not None:
         message = call.excinfo.exconly()[:_MESSAGE_CHARS]
+    command = item.config.stash.get(_COMMAND, None)
     record = {
         "agnostic": item.get_closest_marker(departures.EPP_AGNOSTIC) is not None,
+        "not_applicable": not_applicable(item, command) if isinstance(command, EppCommand) else [],
         "departure": _marker_name(item, departures.DEPARTURE),
         "upstream_bug": _marker_name(item, departures.UPSTREAM_BUG),
         "message": message,
@@ -224,7 +274,7 @@ class _Recorder:
             self._records[report.nodeid] = {
                 "nodeid": report.nodeid, "outcome": "error", "agnostic": True, "departure": None,
                 "upstream_bug": None, "message": f"collection failed: {message[0]}"[:_MESSAGE_CHARS],
-                "evidence": "", "stack_start_failed": False,
+                "evidence": "", "stack_start_failed": False, "not_applicable": [],
             }  # fmt: skip
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

@@ -28,13 +28,16 @@ class FlagProfile:
     grpc_port: str
     grpc_health_port: str
     metrics_port: str
-    kubeconfig: str
+    kubeconfig: str | None  # None: no such flag (v1.5.0's full EPP): the EPP reads $KUBECONFIG
     cert_path: str | None  # None: the EPP serves a self-signed certificate nobody can verify
     verbosity: str | None
     pool_group: str | None = None
     # Flags pointing the EPP at the simulators' metric names, where its defaults differ from them.
     metric_args: tuple[str, ...] = ()
     health_service: str = ""  # the gRPC health service that says the pool is known
+    # Capabilities (`harness.verdicts.departures.CAPABILITIES`) the EPPs of this dialect do not have:
+    # scenarios that need one are "not applicable" to them, never a FAIL.
+    lacks: frozenset[str] = frozenset()
 
     def flags(self) -> tuple[str, ...]:
         """Every flag name the harness may pass in this dialect."""
@@ -72,7 +75,8 @@ V1: Final = FlagProfile(
     grpc_port="--grpc-port",
     grpc_health_port="--grpc-health-port",
     metrics_port="--metrics-port",
-    kubeconfig="--kubeconfig",
+    # v1.x's full EPP registers no --kubeconfig ("unknown flag"; upstream-v1.md §h): $KUBECONFIG it is.
+    kubeconfig=None,
     cert_path="--cert-path",
     verbosity="-v",
     pool_group="--pool-group",
@@ -89,6 +93,17 @@ LWEPP: Final = FlagProfile(
     verbosity=None,
     pool_group="--pool-group",
     health_service="inference-extension",
+    # Round robin over the pool's pods (or the test header's pick); it scrapes no metrics, reads no
+    # model objects and does not parse the body (upstream-v1.md §b, §c).
+    lacks=frozenset(
+        {
+            "load-aware-picking",
+            "load-shedding",
+            "model-aware-routing",
+            "request-metrics",
+            "request-validation",
+        }
+    ),
 )
 PROFILES: Final = {profile.name: profile for profile in (V0_3, V1, LWEPP)}
 HELP_TIMEOUT_S: Final = 20.0

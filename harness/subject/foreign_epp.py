@@ -7,7 +7,8 @@ upstream's own manifests rely on, so the same code runs our EPP, upstream v0.3.0
 * **Flags**: the names of the EPP's flag dialect (``EppCommand.flags``,
   `harness.subject.flag_profiles`: v0.3's ``--poolName`` ..., v1's ``--pool-name`` ..., lwepp's
   reduced set), detected from its ``--help`` unless given: pool name and namespace (and group, when
-  the Stack names one), kubeconfig, the three ports, the certificate directory, ``-v``.
+  the Stack names one), kubeconfig (flag where the dialect has one, always ``$KUBECONFIG``), the
+  three ports, the certificate directory, ``-v``.
   ``extra_args`` go to every EPP; ``ours_args`` (our Python-only flags: ``--bindAddress``,
   ``--debugPort``, ``--maxRequestBodyBytes`` ...) only when ``EppCommand.dialect == "ours"``. The
   ports are reserved by ``harness.base.ports``.
@@ -96,10 +97,17 @@ class EppCommand:
     # harness's default (DESIGN.md §2), which every dialect speaks.
     request_body_mode: RequestBodyMode | None = None
     flags: FlagProfile = flag_profiles.V0_3  # which flag names it takes
+    # The capabilities it lacks (`harness.verdicts.departures.CAPABILITIES`); None: its profile's.
+    lacks_override: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.argv:
             raise ValueError("an EPP command needs at least the program to run")
+
+    @property
+    def lacks(self) -> frozenset[str]:
+        """What scenarios it is not asked to pass: ``lacks_override`` if set, else its profile's."""
+        return self.flags.lacks if self.lacks_override is None else self.lacks_override
 
     @property
     def envoy_request_body_mode(self) -> RequestBodyMode:
@@ -167,7 +175,12 @@ class EppCommand:
                 f"upstream EPP v{version} is not built: run `harness build --upstream-epp v{version}` "
                 f"(or set $TEST_ASSET_UPSTREAM_EPP to a binary of that release)"
             )
-        profile = flag_profiles.V0_3 if version.startswith("0.") else flag_profiles.V1
+        if version.startswith("0."):
+            profile = flag_profiles.V0_3
+        elif go_binaries.upstream_epp_package(version).endswith("/lwepp"):
+            profile = flag_profiles.LWEPP
+        else:
+            profile = flag_profiles.V1
         return cls(
             (str(path),),
             "upstream",
@@ -214,11 +227,12 @@ class ForeignEpp(EppProcessIdentity):
             *self.command.argv,
             f"{flags.pool_name}={self.pool_name}",
             f"{flags.pool_namespace}={self.pool_namespace}",
-            f"{flags.kubeconfig}={self.kubeconfig}",
             f"{flags.grpc_port}={self.grpc_port}",
             f"{flags.grpc_health_port}={self.health_port}",
             f"{flags.metrics_port}={self.metrics_port}",
         ]
+        if flags.kubeconfig:  # else $KUBECONFIG only (see _start)
+            args.append(f"{flags.kubeconfig}={self.kubeconfig}")
         if flags.cert_path:
             args.append(f"{flags.cert_path}={self._cert_dir}")
         if flags.verbosity:
@@ -257,7 +271,9 @@ class ForeignEpp(EppProcessIdentity):
             health_check=self._tls_ready,
             start_timeout=timeout,
             stop_timeout=10.0,
-            env={**os.environ, **self.extra_env},
+            # Every dialect finds the cluster through $KUBECONFIG too (controller-runtime's order);
+            # for v1.x's full EPP, which has no --kubeconfig flag, it is the only way.
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env},
         )
         self._process.start()
 

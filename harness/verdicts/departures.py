@@ -11,6 +11,12 @@ Three pytest markers (registered by ``harness.plugin.conformance``):
 * ``@pytest.mark.upstream_bug("name")`` — the test checks behaviour upstream v0.3.0 gets wrong by a
   known bug (epp-behaviour.md §9, or found by this suite). An EPP that fails it shows that bug.
 
+* ``@pytest.mark.needs("capability")`` — the test checks something only an EPP with that capability
+  can do (picking by the pods' load, serving a model name as other models ...). An EPP under test
+  that says it lacks the capability (``EppCommand.lacks``: its flag profile's, e.g. v1.6.0's
+  lightweight round-robin ``lwepp``, plus ``--epp-lacks``) skips the test as *not applicable*, so
+  it is reported as such and never as a FAIL; every other EPP runs it.
+
 The names are the keys below; a marker with another name fails collection, so a report never prints
 a label nobody defined.
 """
@@ -22,6 +28,7 @@ from typing import Final
 EPP_AGNOSTIC: Final = "epp_agnostic"
 DEPARTURE: Final = "departure"
 UPSTREAM_BUG: Final = "upstream_bug"
+NEEDS: Final = "needs"
 
 DEPARTURES: Final[dict[str, str]] = {
     "readable-error-bodies": "errors carry a one-line JSON message (upstream v0.3.0: empty body)",
@@ -43,7 +50,19 @@ UPSTREAM_BUGS: Final[dict[str, str]] = {
 }
 
 
+CAPABILITIES: Final[dict[str, str]] = {
+    "load-aware-picking": "picks by the pods' load (queue, KV cache) scraped from their metrics",
+    "load-shedding": "sheds requests of low criticality with 429 while every pod is saturated",
+    "model-aware-routing": (
+        "reads the request's model and the cluster's model objects: serves a name as its target "
+        "models (rewriting the body), refuses an unknown one"
+    ),
+    "request-metrics": "publishes per-request metrics on its /metrics",
+    "request-validation": "parses the OpenAI body and refuses a malformed one with 400",
+}
+
+
 def describe(kind: str, name: str) -> str:
-    """The one-line description of a departure or upstream bug (``kind``: a marker name above)."""
-    catalogue = DEPARTURES if kind == DEPARTURE else UPSTREAM_BUGS
+    """The one-line description of a departure, upstream bug or capability (``kind``: a marker name)."""
+    catalogue = {DEPARTURE: DEPARTURES, UPSTREAM_BUG: UPSTREAM_BUGS, NEEDS: CAPABILITIES}[kind]
     return catalogue[name]

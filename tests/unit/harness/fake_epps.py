@@ -22,7 +22,6 @@ V1_HELP: Final = """Usage of epp:
       --config-file string
       --grpc-health-port int     (default 9003)
       --grpc-port int            (default 9002)
-      --kubeconfig string
       --metrics-port int         (default 9090)
       --pool-group string        (default "inference.networking.k8s.io")
       --pool-name string

@@ -15,7 +15,7 @@ from harness.cli.conformance import Row, classify, markdown, render
 from harness.subject.foreign_epp import CONTROLLER_RUNTIME_METRICS_PORT, EppCommand
 from harness.verdicts.traffic_oracle import _judge, requests_needed
 
-from .fake_epps import V0_3_HELP, V1_HELP, fake_epp
+from .fake_epps import LWEPP_HELP, V0_3_HELP, V1_HELP, fake_epp
 
 INNER_TESTS = """
 import pytest
@@ -209,3 +209,73 @@ def test_a_stack_that_never_started_and_a_failed_teardown_are_recorded_as_failur
     teardown = records["test_passes_then_its_teardown_fails"]
     assert (teardown["outcome"], classify(teardown)) == ("error", "FAIL")
     assert "left a process behind" in teardown["message"]
+
+
+NEEDS_TESTS = """
+import pytest
+
+pytestmark = pytest.mark.epp_agnostic
+
+@pytest.mark.needs("load-aware-picking")
+def test_picks_the_idle_pod():
+    assert False, "round robin picked the busy pod"
+
+def test_routes_to_a_pool_pod():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("help_text", "lacks", "outcomes", "picks"),
+    [
+        pytest.param(
+            LWEPP_HELP, None, {"passed": 1, "skipped": 1}, "not applicable: load-aware-picking", id="lwepp"
+        ),
+        pytest.param(V1_HELP, None, {"passed": 1, "failed": 1}, "FAIL", id="full-epp-runs-it"),
+        pytest.param(LWEPP_HELP, "", {"passed": 1, "failed": 1}, "FAIL", id="lwepp-told-it-lacks-nothing"),
+        pytest.param(
+            V1_HELP, "load-aware-picking", {"passed": 1, "skipped": 1}, "not applicable: load-aware-picking",
+            id="full-epp-told-it-lacks-it",
+        ),
+    ],
+)  # fmt: skip
+def test_a_scenario_needing_what_the_epp_lacks_is_not_applicable_never_a_fail(
+    pytester: pytest.Pytester, help_text: str, lacks: str | None, outcomes: dict[str, int], picks: str
+) -> None:
+    pytester.makepyfile(test_inner=NEEDS_TESTS)
+    epp = fake_epp(pytester.path, help_text)
+    out = pytester.path / "records.json"
+    argv = ["-p", "no:randomly", "-rs", f"--epp-command={epp}", f"--conformance-json={out}"]
+    if lacks is not None:
+        argv.append(f"--epp-lacks={lacks}")
+    result = pytester.runpytest_inprocess(*argv)
+    result.assert_outcomes(**outcomes)
+    records = {r["nodeid"].split("::")[1]: r for r in json.loads(out.read_text())["tests"]}
+    assert classify(records["test_picks_the_idle_pod"]) == picks
+    assert classify(records["test_routes_to_a_pool_pod"]) == "pass"
+    if picks.startswith("not applicable"):
+        result.stdout.fnmatch_lines(["*not applicable: epp lacks load-aware-picking (picks by the pods' *"])
+
+
+def test_an_unknown_capability_stops_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner='import pytest\n\n@pytest.mark.needs("telepathy")\ndef test_x(): pass\n')
+    result = pytester.runpytest_inprocess("-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*telepathy*name one of*"])
+    epp = fake_epp(pytester.path, V1_HELP)
+    argv = ["-p", "no:randomly", f"--epp-command={epp}", "--epp-lacks=x,telepathy"]
+    result = pytester.runpytest_inprocess(*argv)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--epp-lacks: unknown capabilities telepathy, x*"])
+
+
+def test_the_report_names_what_the_epp_lacks() -> None:
+    rows = [
+        Row("test_a::pass", "pass", "", ""),
+        Row("test_a::na", "not applicable: load-aware-picking", "not applicable: ...", ""),
+    ]
+    out = io.StringIO()
+    render("lwepp", rows, out)
+    text = out.getvalue()
+    assert "1 not applicable, 1 pass" in text
+    assert "capabilities this EPP lacks: load-aware-picking (picks by the pods' load" in text

@@ -71,7 +71,7 @@ def test_a_command_line_gets_the_profile_of_its_binary(tmp_path: Path) -> None:
     [
         pytest.param(
             V0_3_HELP,
-            ["--poolName=pool", "--grpcPort=", "--certPath=", "-v=2"],
+            ["--poolName=pool", "--grpcPort=", "--certPath=", "-v=2", "--kubeconfig="],
             ["--pool-group"],
             id="v0.3",
         ),
@@ -85,12 +85,12 @@ def test_a_command_line_gets_the_profile_of_its_binary(tmp_path: Path) -> None:
                 "-v=2",
                 "--pool-group=",
             ],
-            ["--poolName", "--kvCacheUsagePercentageMetric"],
+            ["--poolName", "--kvCacheUsagePercentageMetric", "--kubeconfig"],  # v1.5.0 has no such flag
             id="v1",
         ),
         pytest.param(
             LWEPP_HELP,
-            ["--pool-name=pool", "--grpc-health-port=", "--pool-group="],
+            ["--pool-name=pool", "--grpc-health-port=", "--pool-group=", "--kubeconfig="],
             ["--cert-path", "-v=", "--certPath"],
             id="lwepp",
         ),
