@@ -165,7 +165,8 @@ class Stack(StartStop):
             self.observer = EppObserver(
                 cluster.kube, opts.namespace, opts.pool_name, self.settle_barrier, view
             )
-        self.envoy = Envoy(process.ext_proc_address, options=opts.envoy, ext_proc_tls=process.ext_proc_tls)
+        envoy = opts.envoy if opts.epp_command is None else opts.epp_command.envoy_options(opts.envoy)
+        self.envoy = Envoy(process.ext_proc_address, options=envoy, ext_proc_tls=process.ext_proc_tls)
         self.envoy.start()
         self.traffic = TrafficOracle(
             self.base_url, cluster, opts.probe_model or probe_model(opts.models, opts.sim_config.model)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class FlagProfile:
     # Flags pointing the EPP at the simulators' metric names, where its defaults differ from them.
     metric_args: tuple[str, ...] = ()
     health_service: str = ""  # the gRPC health service that says the pool is known
+    # How Envoy must talk to it: v0.3.0's default server answers the headers before it reads a
+    # BUFFERED body; v1.x EPPs (full and lightweight) serve only FULL_DUPLEX_STREAMED bodies and do
+    # not answer the headers until the body came, so a BUFFERED Envoy waits out its message timeout.
+    envoy_protocol: Literal["v0.3", "v1"] = "v0.3"
     # Capabilities (`harness.verdicts.departures.CAPABILITIES`) the EPPs of this dialect do not have:
     # scenarios that need one are "not applicable" to them, never a FAIL.
     lacks: frozenset[str] = frozenset()
@@ -80,6 +84,7 @@ V1: Final = FlagProfile(
     cert_path="--cert-path",
     verbosity="-v",
     pool_group="--pool-group",
+    envoy_protocol="v1",
 )
 LWEPP: Final = FlagProfile(
     name="lwepp",
@@ -93,6 +98,7 @@ LWEPP: Final = FlagProfile(
     verbosity=None,
     pool_group="--pool-group",
     health_service="inference-extension",
+    envoy_protocol="v1",
     # Round robin over the pool's pods (or the test header's pick); it scrapes no metrics, reads no
     # model objects and does not parse the body (upstream-v1.md §b, §c).
     lacks=frozenset(

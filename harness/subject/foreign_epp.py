@@ -45,10 +45,12 @@ so (``sim_metric_args``; v1.5.0 reads the new name by default).
 Its ``/metrics`` wants a bearer token allowed by TokenReview/SubjectAccessReview, so nothing here
 reads it.
 
-Envoy's body mode follows the EPP (``EppCommand.envoy_request_body_mode``): BUFFERED unless the
-command says otherwise (ours speaks both; upstream v0.3.0's default server only BUFFERED, its
-streaming one needs ``USE_STREAMING=true`` in its environment and
-``request_body_mode="FULL_DUPLEX_STREAMED"``).
+Envoy's body mode follows the EPP (``EppCommand.envoy_options``, applied by the Stack): BUFFERED
+for ours (it speaks both) and upstream v0.3.0's default server (its streaming one needs
+``USE_STREAMING=true`` in its environment and ``request_body_mode="FULL_DUPLEX_STREAMED"``); a v1.x
+EPP (flag profiles v1 and lwepp) gets upstream's v1 mode, ``EnvoyOptions.v1``: it serves only
+FULL_DUPLEX_STREAMED bodies and answers nothing before the body, so a BUFFERED Envoy, which waits
+for the headers' answer before it sends the body, only times out.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ from harness.base.ports import LOOPBACK, PortReservation, claim_port, reserve_po
 from harness.base.process import ManagedProcess, temp_prefix
 from harness.cluster import go_binaries, releases
 from harness.cluster.certs import UNVERIFIED_EXT_PROC_TLS, ExtProcTls
-from harness.dataplane.envoy import RequestBodyMode
+from harness.dataplane.envoy import EnvoyOptions, RequestBodyMode
 from harness.subject import epp_probe, flag_profiles
 from harness.subject.epp_process import EppProcessIdentity, serving_certificate
 from harness.subject.flag_profiles import FlagProfile
@@ -111,8 +113,32 @@ class EppCommand:
 
     @property
     def envoy_request_body_mode(self) -> RequestBodyMode:
-        """``request_body_mode`` if set, else BUFFERED (see the field)."""
-        return self.request_body_mode or "BUFFERED"
+        """``request_body_mode`` if set, else FULL_DUPLEX_STREAMED for a v1.x EPP, else BUFFERED."""
+        if self.request_body_mode is not None:
+            return self.request_body_mode
+        return "FULL_DUPLEX_STREAMED" if self.speaks_v1_protocol else "BUFFERED"
+
+    @property
+    def speaks_v1_protocol(self) -> bool:
+        """A v1.x EPP of upstream's (not ours, which speaks both): its Envoy runs in v1 mode."""
+        return self.dialect != "ours" and self.flags.envoy_protocol == "v1"
+
+    def envoy_options(self, base: EnvoyOptions) -> EnvoyOptions:
+        """``base`` (a scenario's Envoy) as this EPP needs it: for a v1.x EPP, upstream's own v1 mode
+        (`EnvoyOptions.v1`: both bodies FULL_DUPLEX_STREAMED, trailers and response headers SEND,
+        the long message timeout), every other setting kept; else with ``envoy_request_body_mode``."""
+        if self.speaks_v1_protocol and self.request_body_mode is None:
+            v1 = EnvoyOptions.v1()
+            return dataclasses.replace(
+                base,
+                request_body_mode=v1.request_body_mode,
+                response_body_mode=v1.response_body_mode,
+                response_header_mode=v1.response_header_mode,
+                message_timeout_s=v1.message_timeout_s,
+            )
+        if self.request_body_mode is not None:
+            return dataclasses.replace(base, request_body_mode=self.request_body_mode)
+        return base
 
     @property
     def name(self) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.base.ports import reserve_port
+from harness.dataplane.envoy import EnvoyOptions
 from harness.subject import flag_profiles
 from harness.subject.flag_profiles import LWEPP, V0_3, V1, FlagProfileError
 from harness.subject.foreign_epp import EppCommand, ForeignEpp
@@ -115,3 +116,23 @@ def test_the_harness_passes_its_settings_in_the_dialect(
         assert not any(a.startswith(prefix) for a in args), (prefix, args)
     # An EPP that takes no certificate serves its own: Envoy cannot verify it.
     assert (epp.ext_proc_tls.ca_pem == b"") == (command.flags.cert_path is None)
+
+
+@pytest.mark.parametrize(
+    ("help_text", "request_mode", "response_mode"),
+    [
+        pytest.param(V0_3_HELP, "BUFFERED", "NONE", id="v0.3-answers-headers-first"),
+        pytest.param(V1_HELP, "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED", id="v1-full-duplex"),
+        pytest.param(LWEPP_HELP, "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED", id="lwepp-full-duplex"),
+    ],
+)
+def test_envoy_talks_to_each_epp_in_its_protocol_keeping_the_scenarios_settings(
+    tmp_path: Path, help_text: str, request_mode: str, response_mode: str
+) -> None:
+    base = EnvoyOptions(subset_hint_header="x-test-subset", buffer_limit_bytes=1234)
+    options = EppCommand.from_text(str(fake_epp(tmp_path, help_text))).envoy_options(base)
+    assert (options.request_body_mode, options.response_body_mode) == (request_mode, response_mode)
+    assert (options.subset_hint_header, options.buffer_limit_bytes) == ("x-test-subset", 1234)
+    if request_mode == "FULL_DUPLEX_STREAMED":
+        assert options.message_timeout_s == EnvoyOptions.v1().message_timeout_s
+    assert EppCommand.ours().envoy_options(base) == base  # ours speaks both: the scenario decides
