@@ -114,6 +114,7 @@ def test_models_are_served_again_after_the_pool_is_recreated(stack_factory: Stac
 
 
 @pytest.mark.departure("staleness")
+@pytest.mark.needs("load-aware-picking")
 def test_a_pod_whose_metrics_went_stale_never_wins_over_a_fresh_one(stack_factory: StackFactory) -> None:
     """The fresh pod reports a long queue; the other stops answering scrapes while looking idle. Its
     idle numbers are old news (upstream #336): all traffic goes to the fresh pod, which can be seen."""
@@ -145,6 +146,7 @@ def request_errors(stack: Stack, model: str) -> float:
 
 
 @pytest.mark.upstream_bug("request-error-total-never-incremented")
+@pytest.mark.needs("request-metrics")
 def test_a_failed_request_is_counted_as_a_request_error(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=1, models=MODELS)
     cluster = cluster_of(stack)

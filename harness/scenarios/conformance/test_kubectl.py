@@ -70,6 +70,7 @@ def plural_names(stack: Stack) -> list[str]:
 
 
 @pytest.mark.departure("readable-error-bodies")
+@pytest.mark.needs("model-aware-routing")
 def test_model_applied_with_kubectl_is_served_and_deleting_it_gives_404(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=2)
     with openai_client(stack) as client:

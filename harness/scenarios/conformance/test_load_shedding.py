@@ -23,7 +23,7 @@ from harness.scenarios.support import (
     settled_access_log,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.epp_agnostic]
+pytestmark = [pytest.mark.e2e, pytest.mark.epp_agnostic, pytest.mark.needs("load-shedding")]
 
 SATURATED_QUEUE = 10
 SATURATED_KV = 0.9

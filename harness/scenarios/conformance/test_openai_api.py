@@ -90,6 +90,7 @@ def text_of(kind: str, item: Any) -> str:
         pytest.param("chat", True, id="chat-streamed"),
     ],
 )
+@pytest.mark.needs("model-aware-routing")
 def test_request_is_served_by_a_pool_pod_as_a_target_model(
     shared_stack: Stack, kind: str, stream: bool
 ) -> None:
@@ -112,6 +113,7 @@ def test_request_is_served_by_a_pool_pod_as_a_target_model(
     assert usage_chunk.usage.completion_tokens == MAX_TOKENS
 
 
+@pytest.mark.needs("model-aware-routing")
 def test_weighted_split_across_two_target_models(shared_stack: Stack) -> None:
     before = requests_by_model(shared_stack)
     with openai_client(shared_stack) as client:
@@ -137,7 +139,12 @@ def test_weighted_split_across_two_target_models(shared_stack: Stack) -> None:
     ("model", "target"),
     [
         pytest.param(BASE_MODEL, BASE_MODEL, id="body-passed-through"),
-        pytest.param("sql-lora", "sql-lora-v1", id="body-rewritten-for-target"),
+        pytest.param(
+            "sql-lora",
+            "sql-lora-v1",
+            id="body-rewritten-for-target",
+            marks=pytest.mark.needs("model-aware-routing"),
+        ),
     ],
 )
 def test_two_mib_prompt_is_routed(shared_stack: Stack, model: str, target: str) -> None:
@@ -157,6 +164,7 @@ def test_two_mib_prompt_is_routed(shared_stack: Stack, model: str, target: str) 
 
 
 @pytest.mark.departure("readable-error-bodies")
+@pytest.mark.needs("model-aware-routing")
 def test_unknown_model_is_404_with_a_message(shared_stack: Stack) -> None:
     served_before = total_requests(shared_stack)
     log_start = len(settled_access_log(shared_stack))
@@ -188,6 +196,7 @@ def test_unknown_model_is_404_with_a_message(shared_stack: Stack) -> None:
     ],
 )
 @pytest.mark.departure("readable-error-bodies")
+@pytest.mark.needs("request-validation")
 def test_malformed_body_is_400_with_a_message(shared_stack: Stack, body: bytes, message: str) -> None:
     served_before = total_requests(shared_stack)
     # Raw HTTP: the SDK only sends well-formed bodies.

@@ -89,14 +89,14 @@ def received_by(stack: Stack, response: httpx2.Response, path: str) -> tuple[str
             {"model": "food-review", "prompt": "Write a review", "max_tokens": 2, "temperature": 1e999},
             {"food-review-1", "food-review-2"},
             id="weighted-split-rewritten",
-            marks=pytest.mark.departure("body-bytes-preserved"),
+            marks=[pytest.mark.departure("body-bytes-preserved"), pytest.mark.needs("model-aware-routing")],
         ),
         pytest.param(
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "crème brûlée"}], "model": "sql-lora", "max_tokens": 2},
             {"sql-lora-v1"},
             id="lora-target-rewritten",
-            marks=pytest.mark.departure("body-bytes-preserved"),
+            marks=[pytest.mark.departure("body-bytes-preserved"), pytest.mark.needs("model-aware-routing")],
         ),
         pytest.param(
             "/v1/completions",
