@@ -207,13 +207,10 @@ class EppCommand:
             profile = flag_profiles.LWEPP
         else:
             profile = flag_profiles.V1
-        return cls(
-            (str(path),),
-            "upstream",
-            (CONTROLLER_RUNTIME_METRICS_PORT,),
-            f"upstream EPP v{version}",
-            flags=profile,
-        )
+        # v0.3.0's manager binds :8080 whatever its flags say; v1.x moved its metrics to
+        # --metrics-port and binds only the three ports it is given (measured: v1.5.0).
+        fixed = (CONTROLLER_RUNTIME_METRICS_PORT,) if profile is flag_profiles.V0_3 else ()
+        return cls((str(path),), "upstream", fixed, f"upstream EPP v{version}", flags=profile)
 
 
 def sim_metric_args(command: EppCommand) -> list[str]:

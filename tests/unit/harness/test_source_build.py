@@ -153,4 +153,6 @@ def test_the_upstream_epp_of_a_release_is_its_full_or_its_lightweight_one(
     monkeypatch.setattr(go_binaries, "find_upstream_epp", lambda _version: binary)
     command = EppCommand.upstream(version)
     assert command.flags is profile
+    # Only v0.3.0 binds controller-runtime's :8080 whatever its flags say (v1.x: its three ports).
+    assert command.fixed_ports == ((8080,) if profile is flag_profiles.V0_3 else ())
     assert command.lacks == profile.lacks  # type: ignore[attr-defined]
