@@ -122,8 +122,8 @@ def test_the_harness_passes_its_settings_in_the_dialect(
     ("help_text", "request_mode", "response_mode"),
     [
         pytest.param(V0_3_HELP, "BUFFERED", "NONE", id="v0.3-answers-headers-first"),
-        pytest.param(V1_HELP, "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED", id="v1-full-duplex"),
-        pytest.param(LWEPP_HELP, "FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED", id="lwepp-full-duplex"),
+        pytest.param(V1_HELP, "FULL_DUPLEX_STREAMED", "NONE", id="v1-full-duplex"),
+        pytest.param(LWEPP_HELP, "FULL_DUPLEX_STREAMED", "NONE", id="lwepp-full-duplex"),
     ],
 )
 def test_envoy_talks_to_each_epp_in_its_protocol_keeping_the_scenarios_settings(
