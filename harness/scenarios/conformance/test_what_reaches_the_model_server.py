@@ -103,6 +103,8 @@ def received_by(stack: Stack, response: httpx2.Response, path: str) -> tuple[str
             {"model": BASE_MODEL, "prompt": "hello", "max_tokens": 2},
             {BASE_MODEL},
             id="base-model-untouched",
+            # v1.x re-marshals every body, rewritten or not (v0.3.0 passed an untouched one through).
+            marks=pytest.mark.departure("body-bytes-preserved"),
         ),
     ],
 )
