@@ -262,8 +262,12 @@ class Cluster:
                              pre_stop=pre_stop, grace=grace)  # fmt: skip
         return self.add_pods([body], ready=ready)[0]
 
-    def add_pods(self, bodies: Sequence[JsonObject], *, ready: bool = True) -> list[ClusterPod]:
-        """Create every pod first, then wait for all: they start side by side."""
+    def add_pods(
+        self, bodies: Sequence[JsonObject], *, ready: bool = True, listening: bool = True
+    ) -> list[ClusterPod]:
+        """Create every pod first, then wait for all: they start side by side. An unready pod is
+        handed back once its simulators answer, unless ``listening=False`` (the moment the API says
+        Running: for a test about what a watcher has seen by then)."""
         for body in bodies:
             self.kube.pods.create(self.namespace, body)
         added = []
@@ -272,7 +276,7 @@ class Cluster:
             pod = self._await_running(name, ready=ready)
             ports = tuple(int(c["ports"][0]["containerPort"]) for c in body["spec"]["containers"])
             known = self._remember(name, pod, ports, body)
-            if not ready:
+            if not ready and listening:
                 self._await_listening(known)
             added.append(known)
         return added

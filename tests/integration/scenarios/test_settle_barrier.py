@@ -99,7 +99,9 @@ def test_the_barrier_exposes_a_defect_that_a_delayed_pod_handler_hides(
     bed = slow_bed(readiness_blind=True)
     serving(bed, "p1")
 
-    bed.add_pod(UNREADY, ready=False)
+    # Back as soon as the API says Running (not once the simulator listens, which may take longer
+    # than the handler's delay on a loaded box): the unsettled look below comes first.
+    bed.cluster.add_pods([bed.cluster.pod_body(UNREADY, ready=False)], ready=False, listening=False)
 
     # Without the barrier: the check passes, on a view that has not applied the write (vacuous).
     unsettled = bed.view()
