@@ -47,7 +47,7 @@ from kubernetes import client
 from vllm_page import vllm_metrics_page
 
 from epp.config import DEFAULT_REFRESH_METRICS_INTERVAL
-from epp.server.flags import parse_go_duration
+from epp.server.flag_values import parse_go_duration
 from harness.base.addresses import AddressPool
 from harness.cluster.builders import PodBuilder, PoolBuilder
 from harness.cluster.controlplane import ControlPlane

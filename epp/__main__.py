@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 from epp.config import ServerConfig
 from epp.k8s import KubeClient, KubeError, load_config
 from epp.server.event_loop import EventLoopUnavailable, loop_factory
-from epp.server.flags import FlagError, parse_flags
+from epp.server.flag_values import FlagError
+from epp.server.flags import parse_flags
 from epp.server.logs import configure_logging
 from epp.server.runner import Epp
 from epp.server.supervisor import TaskFailed

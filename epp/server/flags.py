@@ -56,34 +56,29 @@ from epp.config import (
     ServerConfig,
     WatchConfig,
 )
-from epp.h2.limits import Limits
 from epp.pickerconfig import PickerConfigError, load_picker_config
-
-log = logging.getLogger(__name__)
-
-DEFAULT_VERBOSITY = 2
-# zap levels as upstream: 2 default, 3 verbose, 4 debug, 5 trace. Python has no finer level than DEBUG.
-DEBUG_VERBOSITY = 4
+from epp.server.flag_values import (
+    DEBUG_VERBOSITY,
+    DEFAULT_VERBOSITY,
+    LOG_ENCODERS,
+    ZAP_TIME_ENCODINGS,
+    FlagError,
+    choice,
+    go_bool,
+    label_selector,
+    non_negative_duration,
+    parse_byte_size,
+    port_list,
+    port_number,
+    positive_duration,
+    typed,
+    zap_level,
+)
+from epp.server.h2_flags import add_h2_flags, h2_limits
 
 T = TypeVar("T")
 
-
-class FlagError(ValueError):
-    """Bad command line; the message says which flag and why."""
-
-
-# zap's named levels, as Python levels (zap's dpanic/panic/fatal all mean "only the worst").
-_ZAP_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warn": logging.WARNING,
-    "error": logging.ERROR,
-    "dpanic": logging.CRITICAL,
-    "panic": logging.CRITICAL,
-    "fatal": logging.CRITICAL,
-}
-LOG_ENCODERS = ("console", "json")
-_ZAP_TIME_ENCODINGS = ("epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano")
+log = logging.getLogger(__name__)
 
 # Where each setting comes from, to name it in an error (see ConfigError.setting).
 # Where each setting comes from, to name it in an error (see ConfigError.setting): the variable, or
@@ -124,137 +119,6 @@ class Flags:
         if self.level_override is not None:
             return self.level_override
         return logging.DEBUG if self.verbosity >= DEBUG_VERBOSITY else logging.INFO
-
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
-
-def parse_go_duration(text: str) -> float:
-    """Seconds from a Go duration string (`time.ParseDuration`): `300ms`, `1.5s`, `1h2m`, `0`."""
-    s = text.strip()
-    sign = 1.0
-    if s and s[0] in "+-":
-        sign = -1.0 if s[0] == "-" else 1.0
-        s = s[1:]
-    if s == "0":
-        return 0.0
-    if not s:
-        raise ValueError(f"invalid duration {text!r}")
-    total = 0.0
-    pos = 0
-    while pos < len(s):
-        match = _DURATION_PART.match(s, pos)
-        if match is None:
-            raise ValueError(f"invalid duration {text!r} (expected e.g. 50ms, 5s, 1m30s)")
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    return sign * total
-
-
-def _non_negative_duration(text: str) -> float:
-    seconds = parse_go_duration(text)
-    if seconds < 0:
-        raise ValueError(f"duration must not be negative, got {text!r}")
-    return seconds
-
-
-def _positive_duration(text: str) -> float:
-    seconds = parse_go_duration(text)
-    if seconds <= 0:
-        raise ValueError(f"duration must be positive, got {text!r}")
-    return seconds
-
-
-_BYTE_UNITS = {"": 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
-_BYTE_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi)?")
-
-
-def parse_byte_size(text: str) -> int:
-    """Bytes from `16777216` or a Kubernetes-style binary suffix: `512Ki`, `16Mi`, `1Gi`."""
-    match = _BYTE_SIZE.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"invalid size {text!r} (expected e.g. 16777216, 512Ki, 16Mi)")
-    return int(match.group(1)) * _BYTE_UNITS[match.group(2) or ""]
-
-
-def _zap_level(text: str) -> int:
-    """A zap level name, or a number N > 0 meaning verbosity N (as `-v N`)."""
-    if text.isdigit() and int(text) > 0:
-        return logging.DEBUG if int(text) >= DEBUG_VERBOSITY else logging.INFO
-    try:
-        return _ZAP_LEVELS[text.lower()]
-    except KeyError:
-        raise ValueError(
-            f"invalid zap log level {text!r} (debug, info, error, panic or a number > 0)"
-        ) from None
-
-
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in allowed:
-            raise ValueError(f"invalid value {text!r} (one of: {', '.join(allowed)})")
-        return text
-
-    return parse
-
-
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port out of range: {port} (0 picks a free port)")
-    return port
-
-
-_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
-
-
-def _label_selector(text: str) -> tuple[tuple[str, str], ...]:
-    """`key=value,key2=value2` (upstream's `--endpoint-selector`): equality only, no spaces."""
-    pairs: dict[str, str] = {}
-    for part in text.split(","):
-        key, eq, value = part.partition("=")
-        if not eq or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
-            raise ValueError(f"invalid selector {text!r}: expected key=value pairs separated by commas")
-        if key in pairs:
-            raise ValueError(f"invalid selector {text!r}: {key!r} given twice")
-        pairs[key] = value
-    return tuple(pairs.items())
-
-
-def _port_list(text: str) -> list[int]:
-    """`3000,3001` (pflag's int slice; the flag may also be repeated)."""
-    ports = []
-    for part in text.split(","):
-        port = int(part)
-        if not 1 <= port <= 65535:
-            raise ValueError(f"port out of range: {port}")
-        ports.append(port)
-    return ports
-
-
-_TRUE = {"1", "t", "T", "true", "TRUE", "True"}
-_FALSE = {"0", "f", "F", "false", "FALSE", "False"}
-
-
-def _go_bool(text: str) -> bool:
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"invalid boolean {text!r}")
-
-
-def _typed(convert: Callable[[str], T], what: str) -> Callable[[str], T]:
-    def parse(text: str) -> T:
-        try:
-            return convert(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc) or f"invalid {what}: {text!r}") from exc
-
-    parse.__name__ = what
-    return parse
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -317,17 +181,17 @@ def _parser() -> _Parser:
         "upstream v0.3.0's camelCase names are accepted as aliases (shown beside each).",
         allow_abbrev=False,
     )
-    duration, port, go_bool = (
-        _typed(_positive_duration, "duration"),
-        _typed(_port, "port"),
-        _typed(_go_bool, "bool"),
+    duration, port, boolean = (
+        typed(positive_duration, "duration"),
+        typed(port_number, "port"),
+        typed(go_bool, "bool"),
     )
 
     up = p.add_argument_group("upstream v1.5.0 flags")
 
     def flag_bool(*names: str, default: bool | None, help: str) -> None:
         up.add_argument(
-            *names, type=go_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help
+            *names, type=boolean, nargs="?", const=True, default=default, metavar="BOOL", help=help
         )
 
     up.add_argument("--pool-name", "--poolName", default="", help="The InferencePool this EPP serves.")
@@ -339,20 +203,20 @@ def _parser() -> _Parser:
     )
     up.add_argument(
         "--pool-group",
-        type=_typed(_choice(*defaults.POOL_GROUPS), "group"),
+        type=typed(choice(*defaults.POOL_GROUPS), "group"),
         default=defaults.DEFAULT_POOL_GROUP,
         help=f"API group of the pool: {defaults.V1_POOL_GROUP} (v1) or {defaults.V1ALPHA2_POOL_GROUP} "
         "(v1alpha2, with InferenceModels).",
     )
     up.add_argument(
         "--endpoint-selector",
-        type=_typed(_label_selector, "selector"),
+        type=typed(label_selector, "selector"),
         default=(),
         help="Standalone mode, instead of --pool-name: pods with these labels (key=value,key2=value2).",
     )
     up.add_argument(
         "--endpoint-target-ports",
-        type=_typed(_port_list, "ports"),
+        type=typed(port_list, "ports"),
         action="extend",
         default=[],
         help=f"With --endpoint-selector: 1 to {defaults.MAX_TARGET_PORTS} ports (3000,3001).",
@@ -409,7 +273,7 @@ def _parser() -> _Parser:
     )
     up.add_argument(
         "--model-server-metrics-scheme",
-        type=_typed(_choice(*defaults.METRICS_SCHEMES), "scheme"),
+        type=typed(choice(*defaults.METRICS_SCHEMES), "scheme"),
         default=None,
         help="Scheme of the pods' metrics endpoint (http).",
     )
@@ -428,22 +292,22 @@ def _parser() -> _Parser:
     up.add_argument("--config-file", default="", help="An EndpointPickerConfig file (scheduling, engines).")
     up.add_argument("--config-text", default="", help="The same as text, instead of --config-file.")
     up.add_argument(
-        "--v", type=_typed(int, "int"), default=DEFAULT_VERBOSITY, help="Log verbosity, also -v (4: debug)."
+        "--v", type=typed(int, "int"), default=DEFAULT_VERBOSITY, help="Log verbosity, also -v (4: debug)."
     )
     # controller-runtime's zap flags, as upstream's manifests pass them (see the module docstring).
     up.add_argument(
-        "--zap-log-level", type=_typed(_zap_level, "zap level"), default=None, help="debug, info, error or N."
+        "--zap-log-level", type=typed(zap_level, "zap level"), default=None, help="debug, info, error or N."
     )
-    up.add_argument("--zap-encoder", type=_typed(_choice(*LOG_ENCODERS), "encoder"), help="json or console.")
+    up.add_argument("--zap-encoder", type=typed(choice(*LOG_ENCODERS), "encoder"), help="json or console.")
     up.add_argument(
-        "--zap-devel", type=go_bool, nargs="?", const=True, default=False, metavar="BOOL", help="Debug level."
+        "--zap-devel", type=boolean, nargs="?", const=True, default=False, metavar="BOOL", help="Debug level."
     )
     up.add_argument(
-        "--zap-stacktrace-level", type=_typed(_zap_level, "zap level"), help="Accepted, changes nothing."
+        "--zap-stacktrace-level", type=typed(zap_level, "zap level"), help="Accepted, changes nothing."
     )
     up.add_argument(
         "--zap-time-encoding",
-        type=_typed(_choice(*_ZAP_TIME_ENCODINGS), "encoding"),
+        type=typed(choice(*ZAP_TIME_ENCODINGS), "encoding"),
         help="Accepted, changes nothing.",
     )
     for name in ("--tracing", "--enable-pprof", "--health-checking", "--metrics-endpoint-auth"):
@@ -523,11 +387,11 @@ def _parser() -> _Parser:
     ours.add_argument(
         "--max-request-body-bytes",
         "--maxRequestBodyBytes",
-        type=_typed(parse_byte_size, "size"),
+        type=typed(parse_byte_size, "size"),
         default=defaults.DEFAULT_MAX_REQUEST_BODY_BYTES,
         help="Largest request body accepted (413 above it); bytes or 512Ki/16Mi/1Gi.",
     )
-    wait = _typed(_non_negative_duration, "duration")
+    wait = typed(non_negative_duration, "duration")
     ours.add_argument(
         "--watch-bookmark-interval",
         "--watchBookmarkInterval",
@@ -565,7 +429,7 @@ def _parser() -> _Parser:
         help="The event loop: auto (uvloop if installed, else asyncio's), uvloop or asyncio.",
     )
     _request_protocol_flags(ours)
-    _add_h2_flags(ours)
+    add_h2_flags(ours)
     return p
 
 
@@ -574,7 +438,7 @@ def _request_protocol_flags(ours: argparse._ArgumentGroup) -> None:
     ours.add_argument(
         "--destination-endpoint-fallbacks",
         dest="destination_endpoint_fallbacks",
-        type=_typed(int, "int"),
+        type=typed(int, "int"),
         default=defaults.DEFAULT_DESTINATION_FALLBACKS,
         help="Fallback endpoints after the pick in the destination comma list, from the same ranking "
         f"(default 0, as upstream; {defaults.RECOMMENDED_DESTINATION_FALLBACKS} behind a list-aware "
@@ -795,81 +659,9 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str], notes: li
         ),
         destination_fallbacks=ns.destination_endpoint_fallbacks,
         endpoint_subset_filter=not ns.disable_endpoint_subset_filter,
-        h2=_h2_limits(ns),
+        h2=h2_limits(ns),
     )
 
 
 # --- `--h2-*`: the ext_proc port's HTTP/2 limits (ours; README "Hardening") -----------------------
 # (flag, Limits field, parser, help). Defaults are epp.h2.limits's.
-_H2_FLAGS: tuple[tuple[str, str, Callable[[str], int | float], str], ...] = (
-    ("--h2-max-concurrent-streams", "max_concurrent_streams", int, "Streams per connection (advertised)."),
-    (
-        "--h2-stream-window",
-        "stream_window",
-        parse_byte_size,
-        "Receive window per stream (bytes, 256Ki); widened for a message longer than it.",
-    ),
-    (
-        "--h2-connection-window",
-        "connection_window",
-        parse_byte_size,
-        "Receive window per connection; raised to hold a largest message, 8 stream windows and a frame.",
-    ),
-    ("--h2-max-connections", "max_connections", int, "Connections at once; more are refused."),
-    (
-        "--h2-preface-timeout",
-        "preface_timeout",
-        _non_negative_duration,
-        "TLS handshake and preface (0: off).",
-    ),
-    (
-        "--h2-header-timeout",
-        "header_timeout",
-        _non_negative_duration,
-        "A header block or control frame left incomplete.",
-    ),
-    (
-        "--h2-idle-timeout",
-        "idle_timeout",
-        _non_negative_duration,
-        "A connection with no stream; a peer that reads nothing.",
-    ),
-    ("--h2-max-continuation-frames", "max_continuation_frames", int, "CONTINUATION frames per header block."),
-    (
-        "--h2-max-queued-control-frames",
-        "max_queued_control_frames",
-        int,
-        "Control replies queued to a peer that does not read.",
-    ),
-    ("--h2-max-settings-per-second", "settings_per_second", int, "SETTINGS frames a second."),
-    ("--h2-max-pings-per-second", "pings_per_second", int, "PING frames a second."),
-    (
-        "--h2-max-resets-per-second",
-        "resets_per_second",
-        int,
-        "RST_STREAM frames and refused streams a second.",
-    ),
-    (
-        "--h2-max-empty-frames-per-second",
-        "empty_frames_per_second",
-        int,
-        "Empty DATA and CONTINUATION frames a second.",
-    ),
-)
-
-
-def _add_h2_flags(p: argparse._ArgumentGroup) -> None:
-    base = Limits()
-    for flag, name, convert, text in _H2_FLAGS:
-        p.add_argument(
-            flag, type=_typed(convert, name), default=getattr(base, name), help=text + " Not upstream."
-        )
-
-
-def _h2_limits(ns: argparse.Namespace) -> Limits:
-    values = {name: getattr(ns, flag[2:].replace("-", "_")) for flag, name, _, _ in _H2_FLAGS}
-    try:
-        return Limits(**values)
-    except ValueError as exc:
-        flag = next((flag for flag, name, _, _ in _H2_FLAGS if str(exc).startswith(name)), "--h2-*")
-        raise FlagError(f"{flag}: {exc}") from exc

@@ -415,6 +415,39 @@ ATTACKS: dict[str, Attack] = {
 }
 
 
+def _calm(outcome: Outcome) -> bool:
+    return outcome.goaway == ENHANCE_YOUR_CALM and outcome.closed
+
+
+# How a server with our EPP's limits (``epp.h2.Limits``) stops each attack: the answer the unit tier
+# (in-process server), the integration and e2e tiers (a real EPP process, Envoy beside it) and the
+# command line check for. Another EPP may stop an attack otherwise; ``--only`` prints what it did.
+STOPPED_AS_OURS: dict[str, Callable[[Outcome], bool]] = {
+    "rapid-reset": _calm,
+    "continuation-flood": lambda o: o.goaway in (PROTOCOL_ERROR, ENHANCE_YOUR_CALM) and o.closed,
+    "empty-continuation-flood": _calm,
+    "settings-flood-no-read": _calm,
+    "ping-flood-no-read": _calm,
+    "20k-streams": lambda o: _calm(o) and o.resets[REFUSED_STREAM] > 0,
+    # The streams past the reservation budget overran their stream windows; the connection is kept.
+    "buffer-pinning": lambda o: o.goaway is None and o.resets[FLOW_CONTROL_ERROR] > 0,
+    # Within the windows: what waits past 8 stream windows is cut short (RESOURCE_EXHAUSTED
+    # trailers, then RST_STREAM NO_ERROR); the connection is kept.
+    "buffer-pinning-in-windows": lambda o: o.goaway is None and set(o.resets) == {NO_ERROR},
+    "data-past-the-window": lambda o: o.goaway is None and o.resets == {FLOW_CONTROL_ERROR: 1},
+    "hpack-bomb": lambda o: o.goaway == COMPRESSION_ERROR and o.closed,
+    "malformed-preface": lambda o: o.goaway == PROTOCOL_ERROR and o.closed,
+    "slowloris-mid-header": _calm,
+    "idle-connection": _calm,
+}
+# Attacks whose connection the server keeps: bounded by time rather than by the server's close.
+SECONDS: dict[str, float] = {
+    "buffer-pinning": 2.0,
+    "buffer-pinning-in-windows": 2.0,
+    "data-past-the-window": 2.0,
+}
+
+
 # --- against any EPP -----------------------------------------------------------------------------
 async def _main(target: Target, names: list[str], seconds: float) -> None:
     for name in names:

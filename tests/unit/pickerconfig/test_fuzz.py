@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from epp.backend.metrics import compile_metric_names
 from epp.pickerconfig import NOT_IMPLEMENTED, PLUGIN_TYPES
 from epp.scheduling import LLMRequest, new_scheduler
-from epp.server.flags import FlagError, parse_flags
+from epp.server.flag_values import FlagError
+from epp.server.flags import parse_flags
 from tests.unit.scheduling.pods import NOW, pm
 
 # Mostly types that build, so that about half the documents load; the rest are errors of every kind.

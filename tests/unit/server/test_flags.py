@@ -8,7 +8,8 @@ import pytest
 
 from epp import config as defaults
 from epp.config import SchedulerConfig
-from epp.server.flags import FlagError, go_style, parse_flags, parse_go_duration
+from epp.server.flag_values import FlagError, parse_go_duration
+from epp.server.flags import go_style, parse_flags
 
 
 def test_defaults_match_upstream() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.server.flags import FlagError, parse_flags
+from epp.server.flag_values import FlagError
+from epp.server.flags import parse_flags
 
 POOL = ["--poolName", "p"]
 

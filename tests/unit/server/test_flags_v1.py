@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from epp import config as defaults
-from epp.server.flags import NO_OP_FLAGS, REFUSED_METRIC_FLAGS, FlagError, _parser, parse_flags
+from epp.server.flag_values import FlagError
+from epp.server.flags import NO_OP_FLAGS, REFUSED_METRIC_FLAGS, _parser, parse_flags
 
 # What upstream v1.5.0's chart (config/charts/epplib/templates/_config.yaml, default values) writes
 # to the EPP's default-plugins.yaml.

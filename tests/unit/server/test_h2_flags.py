@@ -7,7 +7,8 @@ import re
 import pytest
 
 from epp.h2 import Limits
-from epp.server.flags import FlagError, parse_flags
+from epp.server.flag_values import FlagError
+from epp.server.flags import parse_flags
 
 
 def _base() -> list[str]:
