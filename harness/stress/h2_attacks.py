@@ -440,6 +440,13 @@ STOPPED_AS_OURS: dict[str, Callable[[Outcome], bool]] = {
     "slowloris-mid-header": _calm,
     "idle-connection": _calm,
 }
+# The same against a real EPP (its ext_proc handler behind the limits): the filler messages of
+# data-past-the-window are no ProcessingRequest, so the handler ends that stream (INVALID_ARGUMENT
+# trailers, RST_STREAM NO_ERROR) before its window runs out, and what still arrives is dropped.
+STOPPED_BY_OUR_EPP: dict[str, Callable[[Outcome], bool]] = {
+    **STOPPED_AS_OURS,
+    "data-past-the-window": lambda o: o.goaway is None and o.resets == {NO_ERROR: 1},
+}
 # Attacks whose connection the server keeps: bounded by time rather than by the server's close.
 SECONDS: dict[str, float] = {
     "buffer-pinning": 2.0,

@@ -61,7 +61,7 @@ async def ask(http: httpx2.AsyncClient, headers: dict[str, str]) -> None:
     assert response.status_code == 200, response.text
 
 
-@pytest.mark.parametrize("name", list(a.STOPPED_AS_OURS))
+@pytest.mark.parametrize("name", list(a.STOPPED_BY_OUR_EPP))
 def test_an_attack_on_the_ext_proc_port_is_stopped_and_requests_through_envoy_are_answered(
     stack: Stack, name: str
 ) -> None:
@@ -80,7 +80,7 @@ def test_an_attack_on_the_ext_proc_port_is_stopped_and_requests_through_envoy_ar
             return outcome, answered
 
     outcome, answered = asyncio.run(scenario())
-    assert a.STOPPED_AS_OURS[name](outcome), f"{name}: {outcome}"
+    assert a.STOPPED_BY_OUR_EPP[name](outcome), f"{name}: {outcome}"
     assert answered > 0, f"no request through Envoy was answered while {name} ran"
     assert stack.epp is not None
     assert stack.epp.running
