@@ -383,8 +383,10 @@ def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyO
             )
         )
     commands += [EppCommand.parse(line, label=short_label(line)) for line in args.compare_epp_command]
+    # Our EPP from another command line or checkout: our flags, told the pool group as `ours()` is.
     for line in args.compare_ours_command:
-        commands.append(EppCommand.parse(line, dialect="ours", label=short_label(line)))
+        argv = tuple(shlex.split(line))
+        commands.append(dataclasses.replace(EppCommand.ours(), argv=argv, label=short_label(line)))
     if args.compare_ours_full_duplex:
         commands.append(
             dataclasses.replace(
@@ -394,7 +396,7 @@ def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyO
     for tree in args.compare_ours_tree:
         tree = tree.resolve()
         argv = ("env", f"PYTHONPATH={tree}", sys.executable, "-m", "epp")
-        commands.append(EppCommand(argv, "ours", (), f"epp at {tree.name}"))
+        commands.append(dataclasses.replace(EppCommand.ours(), argv=argv, label=f"epp at {tree.name}"))
     return [
         *(
             (command, EnvoyOptions(log_level="warning", request_body_mode=command.envoy_request_body_mode))
