@@ -12,7 +12,11 @@ that routes to unready pods. The control case shows the barrier is not a false a
 without the defect passes the same check after settling, and a Ready pod added to it is present the
 moment `settled()` returns, with no polling.
 
-The slow and broken reconcile goes in through the controllers' constructor (`Reconcilers`); the
+A reconcile that fails is not applied either: `test_settled_waits_out_a_failed_reconcile_...` makes the
+pod reconcile fail a few times once the pod is Ready (the retry backoff keeps the key "retrying"
+between attempts) and checks that `settled()` returns only once the retry has succeeded.
+
+The slow and broken reconciles go in through the controllers' constructor (`Reconcilers`); the
 product code has no test branch.
 """
 
@@ -25,8 +29,9 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from epp.api import NamespacedName
+from epp.api import NamespacedName, ObjectReader
 from epp.controller import PodReconciler
+from epp.datastore import Datastore
 from epp.k8s.controllers import Reconcile, ReconcilerFactory, Reconcilers
 from harness.beds.testbed import TestBed
 from harness.cluster.controlplane import ClusterAccess
@@ -39,6 +44,9 @@ pytestmark = pytest.mark.integration
 
 DELAY_S = 0.5
 UNREADY = "unready"
+FLAKY = "flaky"
+# Retried after about 0.05, 0.1, 0.2 and 0.4 s (the queue's default backoff): ~0.75 s of "retrying".
+FAILURES = 4
 
 
 def delayed(reconcile: Callable[[NamespacedName], None]) -> Reconcile:
@@ -60,14 +68,33 @@ def delayed_pods(*, readiness_blind: bool) -> ReconcilerFactory:
     )
 
 
+class FailingWhileReady:
+    """The pod reconcile, except that it raises the first `failures` times it finds FLAKY Ready."""
+
+    def __init__(self, failures: int) -> None:
+        self.left = failures
+
+    def factory(self, reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
+        real = PodReconciler(reader, store).reconcile
+
+        def reconcile(key: NamespacedName) -> None:
+            pod = reader.get_pod(key)
+            if key.name == FLAKY and pod is not None and pod.ready and self.left > 0:
+                self.left -= 1
+                raise RuntimeError(f"planted: reconcile of {key} failed ({self.left} failures left)")
+            real(key)
+
+        return reconcile
+
+
 @pytest.fixture
 def slow_bed(
     control_plane: ClusterAccess, kube_api: ApiClient, namespace: str
 ) -> Iterator[Callable[..., TestBed]]:
     beds: list[TestBed] = []
 
-    def make(*, readiness_blind: bool) -> TestBed:
-        pods = delayed_pods(readiness_blind=readiness_blind)
+    def make(*, readiness_blind: bool = False, pods: ReconcilerFactory | None = None) -> TestBed:
+        pods = pods or delayed_pods(readiness_blind=readiness_blind)
         bed = TestBed(kube_api, namespace, control_plane.kubeconfig_path, reconcilers=Reconcilers(pod=pods))
         beds.append(bed)
         return bed
@@ -127,3 +154,19 @@ def test_a_delay_alone_is_not_a_defect_and_the_barrier_waits_it_out(slow_bed: Ca
 
     bed.add_pod("p2")
     assert "p2" in {p["name"] for p in bed.settled()["pods"]}, "settled, so no polling is needed"
+
+
+def test_settled_waits_out_a_failed_reconcile_waiting_to_be_retried(slow_bed: Callable[..., TestBed]) -> None:
+    """A failed reconcile has not applied its write: while its key waits out the retry backoff the
+    EPP is not idle, so `settled()` returns only after the retry has put the pod in the datastore."""
+    flaky = FailingWhileReady(FAILURES)
+    bed = slow_bed(pods=flaky.factory)
+    serving(bed, "p1")
+
+    bed.add_pod(FLAKY)
+    settled = bed.settled()
+
+    routed = [p["name"] for p in settled["pods"]]
+    assert FLAKY in routed, f"settled() returned while a failed reconcile was still to be retried: {routed}"
+    # (Implied, stated for the reader: the pod gets in only once every planted failure has happened.)
+    assert flaky.left == 0

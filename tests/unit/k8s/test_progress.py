@@ -27,6 +27,8 @@ from .support import WAIT, RecordingSleep, plain_config, run
 from .test_controllers import POOL_KEY, pod, populate
 
 FAST_RETRY = BackoffPolicy(initial=0.001, maximum=0.001, jitter=0.0)
+# A retry that waits far longer than any test: the failed key stays in backoff ("retrying").
+SLOW_RETRY = BackoffPolicy(initial=600.0, maximum=600.0, jitter=0.0)
 
 
 class GatedPods:
@@ -64,7 +66,7 @@ class Running:
 
 
 @asynccontextmanager
-async def running() -> AsyncIterator[Running]:
+async def running(retry_backoff: BackoffPolicy = FAST_RETRY) -> AsyncIterator[Running]:
     async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
         populate(server)
         store = new_datastore()
@@ -75,7 +77,7 @@ async def running() -> AsyncIterator[Running]:
             POOL_KEY,
             pool_group=V1ALPHA2_GROUP,
             sleep=RecordingSleep(),
-            retry_backoff=FAST_RETRY,
+            retry_backoff=retry_backoff,
             reconcilers=Reconcilers(pod=gated.factory),
         )
         task = asyncio.create_task(controllers.run(), name="controllers")
@@ -155,6 +157,28 @@ def test_a_key_waiting_to_be_retried_keeps_the_kind_busy_and_unapplied() -> None
                 assert now.applied_resource_version == str(r.server.rv)
 
             await eventually_async(applied, timeout=WAIT)
+
+    run(main)
+
+
+def test_a_kind_whose_only_work_is_a_pending_retry_is_reported_busy() -> None:
+    """Nothing queued, nothing in flight, one key waiting out its backoff: not idle, not applied. Both
+    halves are needed, each on its own: the settle barrier reads `idle` and the applied version."""
+
+    async def main() -> None:
+        async with running(retry_backoff=SLOW_RETRY) as r:
+            before = r.pods_progress().applied_resource_version
+            r.pods.failing = True
+            r.server.upsert(POD_PATH, pod("p3", "10.0.0.3"))
+
+            async def backing_off() -> WatchProgress:
+                now = r.pods_progress()
+                assert (now.queued, now.processing, now.retrying) == (0, 0, 1), now
+                return now
+
+            now = await eventually_async(backing_off, timeout=WAIT)
+            assert not now.idle, now
+            assert now.applied_resource_version == before, now
 
     run(main)
 
