@@ -213,8 +213,16 @@ def test_a_deleted_namespace_really_goes_away(kube_api: ApiClient) -> None:
     name = namespace_name("deleted")
     create_namespace(kube_api, name, TEST_LABEL)
     core.create_namespaced_config_map(name, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="content")))
-    root_ca = core.read_namespaced_config_map("kube-root-ca.crt", name)  # published by the controllers
-    assert "ca.crt" in (root_ca.data or {})
+
+    # Content the controllers add, too. create_namespace waits for the ServiceAccount controller's
+    # `default` account only; the root-CA publisher is another controller with its own queue, so its
+    # ConfigMap can come later on a loaded machine: wait for it, as for anything asynchronous.
+    def root_ca_published() -> None:
+        read = functools.partial(core.read_namespaced_config_map, "kube-root-ca.crt", name)
+        assert _status_of(read) == 200, f"no kube-root-ca.crt in {name} yet"
+        assert "ca.crt" in (read().data or {})
+
+    eventually(root_ca_published, timeout=TIMEOUT, message=f"kube-root-ca.crt published in {name}")
 
     core.delete_namespace(name)
 
