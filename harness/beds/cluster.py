@@ -368,7 +368,12 @@ class Cluster:
         """Until the pod (as ``deleting`` left it) is gone; that deletion is recorded for settling."""
         if not deleted_by_this_write(deleting):  # graceful: the node's kubelet makes the last delete
             gone = self.kube.pods.wait_deleted(self.namespace, deleting, timeout=int(self.pod_timeout))
-            self.barrier.record(PODS, gone)
+            # None: gone so long ago that its revision is lost with the server's watch history. Then
+            # there is nothing to record, and nothing is lost: the delete that began it (recorded) set
+            # the deletionTimestamp that takes the pod out of the datastore; the last delete only
+            # removes what a correct EPP no longer holds.
+            if gone is not None:
+                self.barrier.record(PODS, gone)
         self._forget(name)
 
     def pod_recreate(self, name: str) -> str:

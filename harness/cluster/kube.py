@@ -93,18 +93,30 @@ def deleted_by_this_write(obj: JsonObject) -> bool:
     return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") and not grace
 
 
+class WatchExpired(RuntimeError):
+    """A watch asked to start at a revision the API server no longer keeps (410 Expired)."""
+
+
 def _deletion_revision(
     watch: Callable[..., Any], name: str, since: str, timeout: int = DELETION_WATCH_TIMEOUT
 ) -> str:
-    """The resourceVersion of the DELETED event of ``name`` after revision ``since``."""
-    response = watch(
-        watch=True,
-        field_selector=f"metadata.name={name}",
-        resource_version=since,
-        timeout_seconds=timeout,
-        _preload_content=False,
-        _request_timeout=timeout + 5,
-    )
+    """The resourceVersion of the DELETED event of ``name`` after revision ``since``.
+
+    Raises `WatchExpired` when ``since`` is older than the server's watch history (its watch cache
+    keeps the last events of the kind cluster-wide, which a busy cluster turns over in seconds)."""
+    try:
+        response = watch(
+            watch=True,
+            field_selector=f"metadata.name={name}",
+            resource_version=since,
+            timeout_seconds=timeout,
+            _preload_content=False,
+            _request_timeout=timeout + 5,
+        )
+    except ApiException as exc:
+        if exc.status == 410:
+            raise WatchExpired(f"watching for the deletion of {name} from revision {since}: {exc}") from exc
+        raise
     try:
         for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
             if not line.strip():
@@ -113,7 +125,10 @@ def _deletion_revision(
             if event.get("type") == "DELETED":
                 return str(event["object"]["metadata"]["resourceVersion"])
             if event.get("type") == "ERROR":
-                raise RuntimeError(f"watching for the deletion of {name}: {event.get('object')}")
+                status = event.get("object") or {}
+                if status.get("code") == 410:
+                    raise WatchExpired(f"watching for the deletion of {name} from revision {since}: {status}")
+                raise RuntimeError(f"watching for the deletion of {name}: {status}")
     finally:
         response.close()  # mid-stream: the connection cannot be reused, only closed
         response.release_conn()
@@ -329,15 +344,34 @@ class PodClient(_Writes):
 
     def wait_deleted(
         self, namespace: str, pod: JsonObject, timeout: int = DELETION_WATCH_TIMEOUT
-    ) -> JsonObject:
-        """Wait until ``pod`` (as some write left it) is gone; the pod stamped with its deletion's revision.
+    ) -> JsonObject | None:
+        """Wait until ``pod`` (as some write left it) is gone; the pod stamped with its deletion's
+        revision, or None if it went so long ago that the server no longer has that event.
+
+        The watch for the DELETED event starts at ``pod``'s revision. A graceful deletion may be awaited
+        long after it began (the churn machine ends a termination steps later), by when a busy cluster
+        has turned the server's watch history over and the watch is refused (410). Then a list says
+        whether the pod is still there: if so, the watch starts again from the list's (current)
+        revision, so the event is still to come; if not, it has gone, at a revision nobody can tell.
 
         For a graceful delete the node's kubelet makes that last delete; it is not reported to
         ``on_write`` here (the caller decides whether the deletion was its write).
         """
         name = str(pod["metadata"]["name"])
+        uid = pod["metadata"].get("uid")
         since = str(pod["metadata"]["resourceVersion"])
-        return _at_revision(pod, _deletion_revision(self._watch(namespace), name, since, timeout))
+        while True:
+            try:
+                return _at_revision(pod, _deletion_revision(self._watch(namespace), name, since, timeout))
+            except WatchExpired:
+                listed = response_json(
+                    self._api.list_namespaced_pod(
+                        namespace=namespace, field_selector=f"metadata.name={name}", _preload_content=False
+                    )
+                )
+                if not any(item["metadata"].get("uid") == uid for item in list_items(listed)):
+                    return None
+                since = str(listed["metadata"]["resourceVersion"])
 
     def list(self, namespace: str, label_selector: str | None = None) -> list[JsonObject]:
         return list_items(self.list_raw(namespace, label_selector))
