@@ -19,6 +19,8 @@ V1_SCENARIOS=(
     tests/e2e/test_pod_lifecycle.py
     tests/e2e/test_what_reaches_the_model_server.py
     tests/e2e/test_v1_protocol.py
+    tests/integration/chart
+    tests/e2e/test_demo.py
 )
 
 echo "==> ruff"
@@ -43,7 +45,10 @@ set -e
 
 # The scenario suite again on v1.5.0's CRDs (API generation v1): the same descriptions rendered as
 # InferencePool v1, InferenceModelRewrite and InferenceObjective (README: "One scenario, both API
-# generations"). Only the scenarios: the rest of the tiers (CRD schemas, chart, node agent, h2,
-# faults) is about one generation or none, and the CI budget has room for one pass of it.
+# generations"). Only the scenarios, the chart's CI checks (v1 pool, its Role and flags: ~45 s) and
+# the demo (~50 s): the rest of the tiers (CRD schemas, the chart installed for real, node agent, h2,
+# faults) is about one generation or none, or costs more than a minute again (the chart install
+# ~2.5 min, harness up ~3.5 min, the EPP faults ~1.5 min pass on v1.5.0 too:
+# `.venv/bin/pytest --crd-release v1.5.0 <file>`), and the CI budget has room for one pass of it.
 echo "==> pytest: the scenarios on v1.5.0's CRDs (API generation v1)"
 exec .venv/bin/pytest -n 2 --durations=10 --crd-release v1.5.0 "${V1_SCENARIOS[@]}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import signal
 import urllib.request
@@ -213,6 +214,16 @@ class Cluster:
         objective's name (``x-gateway-inference-objective``); none in v1alpha2."""
         objective = self._objectives.get(model or "")
         return objective_headers(objective[1] if objective else None, self.generation)
+
+    def objective_headers_of_body(self, content: bytes) -> dict[str, str]:
+        """``objective_headers`` for the ``model`` of a JSON request body (what an HTTP client's
+        request hook has); none when the body is not a JSON object naming a model."""
+        try:
+            document = json.loads(content)
+        except ValueError:
+            return {}
+        model = document.get("model") if isinstance(document, dict) else None
+        return self.objective_headers(model if isinstance(model, str) else None)
 
     def _apply(self, resources: CustomResourceClient, namespace: str, body: JsonObject) -> JsonObject:
         existing = _named(resources.list(namespace), str(body["metadata"]["name"]))

@@ -45,10 +45,10 @@ def openai_client(stack: Stack, **options: Any) -> Iterator[openai.OpenAI]:
 def _objective_header(cluster: Cluster) -> Any:
     def add(request: httpx2.Request) -> None:
         try:
-            model = json.loads(request.content).get("model")
-        except (ValueError, AttributeError, httpx2.RequestNotRead):
+            content = request.content
+        except httpx2.RequestNotRead:  # a streamed upload: no model to read
             return
-        request.headers.update(cluster.objective_headers(model if isinstance(model, str) else None))
+        request.headers.update(cluster.objective_headers_of_body(content))
 
     return add
 

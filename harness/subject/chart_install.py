@@ -7,8 +7,10 @@ pod's projected ServiceAccount token (``harness.nodeagent.epp_image``), so each 
 in-cluster configuration and runs under the chart's ServiceAccount and its Role. Envoy's ext_proc
 cluster lists the EPP pods' addresses (``pod IP:9002``), checks each one's gRPC health port (9003)
 and retries a stream that could not start on another replica, as ``harness.beds.epp_replicas`` does for
-EPP processes. The model servers are ``examples/cluster/vllm-sim.yaml``'s Deployment and models
-(its InferencePool is left out: the chart makes the pool).
+EPP processes. The chart's pool is of the session's API generation (``inferencePool.apiVersion``), and
+the model servers are that generation's example (``Generation.example_manifest``: the Deployment and
+its InferenceModels, or its InferenceModelRewrite and InferenceObjectives; the example's
+InferencePool is left out: the chart makes the pool).
 
 Envoy follows the pods as a gateway follows the Service's EndpointSlices: ``EndpointsFollower``
 lists the EPP pods (every 0.25 s) and rewrites Envoy's ext_proc endpoints (file-based EDS,
@@ -40,9 +42,9 @@ from harness.cluster.helm import Helm
 from harness.cluster.kube import response_json
 from harness.cluster.kubectl import kubectl
 from harness.cluster.pod_status import is_ready
+from harness.cluster.releases import V1, Generation, session_generation
 from harness.dataplane.envoy import Envoy, EnvoyOptions, ExtProcHealthCheck, ExtProcReplica
 
-EXAMPLE: Final = "examples/cluster/vllm-sim.yaml"  # shipped (`harness.base.shipped`)
 POOL: Final = "vllm-llama3-8b-instruct"
 """The release name, so the pool's name (the example's models point at it)."""
 BASE_MODEL: Final = "meta-llama/Llama-3.1-8B-Instruct"
@@ -50,6 +52,7 @@ EPP_IMAGE_HUB: Final = "epp-harness"
 EXT_PROC_PORT: Final = 9002
 HEALTH_PORT: Final = 9003
 METRICS_PORT: Final = 9090
+MODEL_SERVER_PORT: Final = 8000
 READY_TIMEOUT_S: Final = 120.0
 
 
@@ -57,8 +60,10 @@ READY_TIMEOUT_S: Final = 120.0
 class ChartOptions:
     release: str = POOL
     replicas: int = 2
-    # Upstream-style `inferenceExtension.flags` ({name, value}), e.g. ("shutdownDelay", "2s").
+    # `inferenceExtension.flags` (upstream's map: `--name value` each), e.g. ("shutdown-delay", "2s").
     flags: Sequence[tuple[str, str]] = ()
+    # The pool's API generation (the chart's `inferencePool.apiVersion`); default: the session's.
+    generation: Generation = field(default_factory=session_generation)
     model_server_replicas: int = 2
     # Extra simulator flags for the model servers (appended to the example's args).
     model_server_args: Sequence[str] = ("--max-num-seqs=64", "--time-scale=0.5")
@@ -69,20 +74,30 @@ class ChartOptions:
 
 
 def chart_values(options: ChartOptions) -> dict[str, Any]:
-    """The values the harness installs with: the image the node agent knows, the example's labels."""
+    """The values the harness installs with: the image the node agent knows, the example's labels,
+    the pool in ``options.generation``."""
+    pool: dict[str, Any] = {
+        "apiVersion": options.generation.pool_api_version,
+        "modelServers": {"matchLabels": {"app": POOL}},
+    }
+    if options.generation is V1:
+        pool["targetPorts"] = [{"number": MODEL_SERVER_PORT}]
+    else:
+        pool["targetPortNumber"] = MODEL_SERVER_PORT
     return {
         "inferenceExtension": {
             "replicas": options.replicas,
-            "image": {"hub": EPP_IMAGE_HUB, "tag": "dev"},
-            "flags": [{"name": name, "value": value} for name, value in options.flags],
+            "image": {"registry": EPP_IMAGE_HUB, "tag": "dev"},
+            "flags": dict(options.flags),
         },
-        "inferencePool": {"modelServers": {"matchLabels": {"app": POOL}}, "targetPortNumber": 8000},
+        "inferencePool": pool,
     }
 
 
 def model_server_manifest(options: ChartOptions, example: Path | None = None) -> str:
-    """The example's Deployment (replicas and args adjusted) and InferenceModels, without its pool."""
-    example = example or shipped_path(EXAMPLE)
+    """The generation's example without its pool: the Deployment (replicas and args adjusted) and the
+    kinds that serve its models."""
+    example = example or shipped_path(options.generation.example_manifest)
     documents = [d for d in yaml.safe_load_all(example.read_text(encoding="utf-8")) if isinstance(d, dict)]
     kept = []
     for document in documents:

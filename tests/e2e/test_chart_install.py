@@ -12,7 +12,10 @@ starts an EPP by hand.
   finish), the other serves everything, and the Deployment brings a new pod back: Ready, SERVING,
   and given streams by Envoy (which follows the Ready EPP pods, as a gateway follows EndpointSlices).
 * Least privilege: with the EPP pod's own token, every write is 403 and every read the EPP needs
-  in its namespace is 200; its namespace only.
+  in its namespace is 200 (the pool, and InferenceModels in v1alpha2 or InferenceObjectives and
+  InferenceModelRewrites in v1); its namespace only.
+
+The chart's pool is of the session's API generation (``--crd-release``), as are the example's models.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.base.eventually import eventually
 from harness.cluster.controlplane import ClusterAccess
+from harness.cluster.releases import MODEL_KINDS_GROUP, MODEL_KINDS_VERSION, session_generation
 from harness.dataplane.closed_loop import ClosedLoopLoad
 from harness.scenarios.support import served_by
 from harness.subject.chart_install import BASE_MODEL, METRICS_PORT, ChartInstall, ChartOptions, pod_ip
@@ -46,7 +50,13 @@ TIMEOUT_S = 120.0
 # What a client may see while the EPP learns the models and pods (404, 503): never after that.
 STARTING = (openai.NotFoundError, openai.InternalServerError)
 HEALTH_PORT = 9003  # the chart's gRPC health port
-INFERENCE_GROUP = "/apis/inference.networking.x-k8s.io/v1alpha2"
+MODEL_KINDS_PATH = f"/apis/{MODEL_KINDS_GROUP}/{MODEL_KINDS_VERSION}"
+# An object of each model kind the example applies (``Generation.example_manifest``).
+EXAMPLE_MODEL_OBJECTS = {
+    "inferencemodels": "llama",
+    "inferencemodelrewrites": "food-review",
+    "inferenceobjectives": "premium",
+}
 
 
 @pytest.fixture
@@ -60,14 +70,16 @@ def openai_client(chart: ChartInstall) -> openai.OpenAI:
 
 
 def routed_by(pod: dict[str, Any]) -> float:
-    """How many requests this EPP pod has routed (its own `inference_model_request_total`)."""
+    """How many requests this EPP pod has routed (its own `inference_model_request_total`, in v1
+    `inference_objective_request_total`)."""
     text = metrics_text(f"http://{pod_ip(pod)}:{METRICS_PORT}")
+    family_name = f"{session_generation().request_metrics}_request"
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
-        if family.name == "inference_model_request"
+        if family.name == family_name
         for sample in family.samples
-        if sample.name == "inference_model_request_total"
+        if sample.name == f"{family_name}_total"
     )
 
 
@@ -213,10 +225,10 @@ def status_as(access: ClusterAccess, token: str, method: str, path: str, body: A
 def test_the_epp_service_account_reads_its_namespace_and_writes_nothing(chart: ChartInstall) -> None:
     token = epp_token(chart)
     ns, pool = chart.namespace, chart.options.release
+    generation = session_generation()
     pod = chart.serving_epp_pods()[0]["metadata"]["name"]
     pods = f"/api/v1/namespaces/{ns}/pods"
-    pools = f"{INFERENCE_GROUP}/namespaces/{ns}/inferencepools"
-    models = f"{INFERENCE_GROUP}/namespaces/{ns}/inferencemodels"
+    pools = f"/apis/{generation.pool_api_version}/namespaces/{ns}/inferencepools"
     reads = {
         "list pods": ("GET", pods),
         "get pod": ("GET", f"{pods}/{pod}"),
@@ -224,9 +236,6 @@ def test_the_epp_service_account_reads_its_namespace_and_writes_nothing(chart: C
         "list inferencepools": ("GET", pools),
         "get inferencepool": ("GET", f"{pools}/{pool}"),
         "watch inferencepools": ("GET", f"{pools}?watch=1&timeoutSeconds=1"),
-        "list inferencemodels": ("GET", models),
-        "get inferencemodel": ("GET", f"{models}/llama"),
-        "watch inferencemodels": ("GET", f"{models}?watch=1&timeoutSeconds=1"),
     }
     new_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder"},
                "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}  # fmt: skip
@@ -240,13 +249,19 @@ def test_the_epp_service_account_reads_its_namespace_and_writes_nothing(chart: C
         "patch inferencepool": ("PATCH", f"{pools}/{pool}", label),
         "patch inferencepool status": ("PATCH", f"{pools}/{pool}/status", {"status": {}}),
         "delete inferencepool": ("DELETE", f"{pools}/{pool}", None),
-        "patch inferencemodel": ("PATCH", f"{models}/llama", label),
-        "patch inferencemodel status": ("PATCH", f"{models}/llama/status", {"status": {}}),
-        "delete inferencemodel": ("DELETE", f"{models}/llama", None),
         "list pods in another namespace": ("GET", "/api/v1/namespaces/default/pods", None),
         "list nodes (cluster-scoped)": ("GET", "/api/v1/nodes", None),
         "list secrets": ("GET", f"/api/v1/namespaces/{ns}/secrets", None),
+        "list leases (no HA mode)": ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", None),
     }
+    for plural in generation.model_plurals:
+        objects, name = f"{MODEL_KINDS_PATH}/namespaces/{ns}/{plural}", EXAMPLE_MODEL_OBJECTS[plural]
+        reads[f"list {plural}"] = ("GET", objects)
+        reads[f"get {plural}"] = ("GET", f"{objects}/{name}")
+        reads[f"watch {plural}"] = ("GET", f"{objects}?watch=1&timeoutSeconds=1")
+        writes[f"patch {plural}"] = ("PATCH", f"{objects}/{name}", label)
+        writes[f"patch {plural} status"] = ("PATCH", f"{objects}/{name}/status", {"status": {}})
+        writes[f"delete {plural}"] = ("DELETE", f"{objects}/{name}", None)
     got_reads = {what: status_as(chart.access, token, m, p) for what, (m, p) in reads.items()}
     got_writes = {what: status_as(chart.access, token, m, p, b) for what, (m, p, b) in writes.items()}
     assert got_reads == dict.fromkeys(reads, 200)

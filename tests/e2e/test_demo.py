@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster.releases import session_generation
+
 pytestmark = pytest.mark.e2e
 
 MARKER_VAR = "EPP_DEMO_TEST_MARKER"
@@ -88,15 +90,18 @@ def test_demo_prints_the_report_exits_0_and_leaves_nothing_running() -> None:
         sent, ok, shed, errors = saturated_row(critical)
         assert (ok, shed, errors) == (sent, "0", "0"), output
 
-    # The EPP's key metrics were read from its /metrics page.
+    # The EPP's key metrics were read from its /metrics page (the per-request ones under the names
+    # of the session's generation: inference_model_*, in v1 inference_objective_*), with what it routed.
+    requests = session_generation().request_metrics
     for name in (
-        "inference_model_request_total",
-        "inference_model_request_error_total",
+        f"{requests}_request_total",
+        f"{requests}_request_error_total",
         "inference_pool_ready_pods",
         "inference_pool_average_kv_cache_utilization",
         "inference_pool_average_queue_size",
     ):
         assert name in out, f"{name} missing\n{output}"
     assert re.search(r"inference_pool_ready_pods\s+4$", out, re.MULTILINE), output
+    assert re.search(r"^\s+food-review\s+-> food-review-[12]\s+[1-9]\d*$", out, re.MULTILINE), output
 
     assert processes_with_marker(marker) == []

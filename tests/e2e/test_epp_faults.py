@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.base.eventually import eventually
 from harness.beds.epp_replicas import EppReplicas
 from harness.beds.stack import BASE_MODEL
+from harness.cluster.releases import session_generation
 from harness.dataplane.closed_loop import ClosedLoopLoad
 from harness.plugin.stack_fixtures import StackFactory
 from harness.sim import SimConfig
@@ -86,13 +87,15 @@ def in_flight_on(replica: EppProcess) -> int:
 
 
 def routed_by(replica: EppProcess) -> float:
-    """How many requests this replica has routed (its own `inference_model_request_total`)."""
+    """How many requests this replica has routed (its own `inference_model_request_total`, in v1
+    `inference_objective_request_total`)."""
+    family_name = f"{session_generation().request_metrics}_request"
     return sum(
         sample.value
         for family in text_string_to_metric_families(replica.metrics_text())
-        if family.name == "inference_model_request"
+        if family.name == family_name
         for sample in family.samples
-        if sample.name == "inference_model_request_total"
+        if sample.name == f"{family_name}_total"
     )
 
 

@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from harness.base.eventually import eventually
+from harness.cluster.releases import session_generation
 
 from .test_demo import MARKER_VAR, processes_with_marker
 
@@ -135,10 +136,11 @@ def test_up_with_epp_serves_the_printed_base_url_until_sigint(epp: tuple[str, ..
 
 
 def test_up_with_epp_for_a_pool_serves_what_kubectl_applies() -> None:
-    """The by-hand loop: start it, apply the example with the printed command, send a request."""
+    """The by-hand loop: start it, apply the example with the printed command, send a request (the
+    example of the session's API generation: the `harness up` subprocess inherits its CRD release)."""
     with harness_up("--with-epp", "--pool", "vllm-llama3-8b-instruct") as (up, marker):
         apply = shlex.split(up.field("apply:"))
-        assert apply[-2:] == ["-f", "examples/cluster/vllm-sim.yaml"]
+        assert apply[-2:] == ["-f", session_generation().example_manifest]
         subprocess.run(apply, check=True, capture_output=True, text=True, cwd=REPO, timeout=60)
         base_url = up.field(BASE_URL_PREFIX)
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as client:

@@ -126,10 +126,12 @@ def drive(env: DemoEnvironment, total: int, concurrency: int, rng: random.Random
     stack = env.running_stack
     steady, saturated_calls = plan(total, rng)
     results = PhaseResults()
+    # v1: the objective header of each request's model (v1alpha2: none, the model says it).
+    headers = stack.cluster.objective_headers_of_body if stack.cluster is not None else None
     say(
         f"steady phase: {len(steady)} requests, {concurrency} in flight (chat and completions, some streamed)"
     )
-    run = run_phase("steady", stack.base_url, steady, concurrency)
+    run = run_phase("steady", stack.base_url, steady, concurrency, headers_of_body=headers)
     results.steady_seconds, results.outcomes = run.seconds, run.outcomes
 
     background = env.pods * (SIM_CONFIG.max_num_seqs + BACKGROUND_EXTRA_PER_POD)
@@ -150,6 +152,7 @@ def drive(env: DemoEnvironment, total: int, concurrency: int, rng: random.Random
         background=(background, LOAD_MODEL.model_name),
         before=before,
         after=lambda: parse_epp_metrics(stack.epp_metrics_text()),
+        headers_of_body=headers,
     )
     results.saturated_seconds = run.seconds
     results.outcomes += run.outcomes

@@ -143,8 +143,11 @@ class DemoEnvironment:
         stack = self.running_stack
         body = {"model": SHEDDABLE_PROBE_MODEL, "prompt": "is there room?", "max_tokens": 1}
 
+        headers = stack.cluster.objective_headers(SHEDDABLE_PROBE_MODEL) if stack.cluster is not None else {}
+
         def answered() -> None:
-            status = httpx2.post(f"{stack.base_url}/completions", json=body, timeout=60).status_code
+            url = f"{stack.base_url}/completions"
+            status = httpx2.post(url, json=body, headers=headers, timeout=60).status_code
             want = 429 if shed else 200
             assert status == want, f"a Sheddable request got {status}, waiting for {want}"
 
@@ -163,7 +166,8 @@ def print_access(env: DemoEnvironment, copy_to: Path | None) -> None:
     base = (
         f"{shlex.quote(str(kubectl_path()))} --kubeconfig {shlex.quote(str(kubeconfig))} -n {env.namespace}"
     )
-    kubectl = f"{base} get inferencepools,inferencemodels,pods -o wide"
+    kinds = ",".join(("inferencepools", *session_generation().model_plurals, "pods"))
+    kubectl = f"{base} get {kinds} -o wide"
     body = '{"model": "food-review", "prompt": "Review: great tacos. Sentiment?", "max_tokens": 16}'
     curl = f"curl -s {stack.base_url}/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
     if env.pool is None:

@@ -7,6 +7,10 @@
    sent. Sheddable (and Standard) requests are shed with 429 because the pods are really full;
    Critical ones queue and are served. The background requests are cancelled at the end (the
    model servers abort them, as vLLM does when a client goes away).
+
+In a v1 cluster a request names its InferenceObjective in a header: the client adds the one the
+demo's cluster applied for the body's model (``Cluster.objective_headers_of_body``), so Critical,
+Standard and Sheddable mean in v1 what they mean in v1alpha2.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -58,6 +62,9 @@ PROMPTS: Final[dict[str, tuple[str, ...]]] = {
         "Summarize this article in one sentence: the city council voted to extend the tram line.",
     ),
 }
+# The headers a request body calls for (``Cluster.objective_headers_of_body``).
+HeadersOfBody = Callable[[bytes], Mapping[str, str]]
+
 DEFAULT_PROMPTS: Final = (
     "Explain what a KV cache is in two sentences.",
     "Write a haiku about load balancers.",
@@ -152,10 +159,26 @@ async def send(client: Any, call: Call) -> Outcome:
     return Outcome(call, status, target, time.monotonic() - began)
 
 
-def client(base_url: str) -> Any:
+def client(base_url: str, headers_of_body: HeadersOfBody | None = None) -> Any:
+    """The SDK's async client; with ``headers_of_body``, each request gets the headers its body calls for."""
+    import httpx2
     import openai
 
-    return openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S)
+    options: dict[str, Any] = {}
+    if headers_of_body is not None:
+
+        async def add_headers(request: httpx2.Request) -> None:
+            try:
+                content = request.content
+            except httpx2.RequestNotRead:  # a streamed upload: no model to read
+                return
+            request.headers.update(headers_of_body(content))
+
+        # The SDK's own client (its connection limits: the saturated phase keeps ~130 in flight).
+        options["http_client"] = openai.DefaultAsyncHttpxClient(event_hooks={"request": [add_headers]})
+    return openai.AsyncOpenAI(
+        base_url=base_url, api_key="unused", max_retries=0, timeout=REQUEST_TIMEOUT_S, **options
+    )
 
 
 async def send_all(
@@ -222,16 +245,18 @@ def run_phase(
     background: tuple[int, str] | None = None,
     before: Callable[[], Any] | None = None,
     after: Callable[[], Any] | None = None,
+    headers_of_body: HeadersOfBody | None = None,
 ) -> PhaseRun:
     """Send one phase's calls with a progress bar.
 
     With ``background`` = (requests in flight, model) that load starts first and runs until the
     calls are done. ``before`` and ``after`` are blocking observations (they poll the EPP), run in a
     thread right before the calls go out and right after they are done, while the load still runs.
+    ``headers_of_body``: what every request of the phase (background ones too) adds (``client``).
     """
 
     async def phase() -> PhaseRun:
-        async with client(base_url) as sdk:
+        async with client(base_url, headers_of_body) as sdk:
             load = background_load(sdk, *background) if background is not None else contextlib.nullcontext()
             async with load:
                 seen = await asyncio.to_thread(before) if before is not None else None

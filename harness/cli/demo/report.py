@@ -13,6 +13,7 @@ from harness.base.eventually import eventually
 from harness.cli.console import Column, table_text
 from harness.cli.demo.environment import SIM_PORT, DemoEnvironment
 from harness.cli.demo.load import CONNECTION_ERROR, Outcome, status_class
+from harness.cluster.releases import session_generation
 
 ACCESS_LOG_TIMEOUT_S = 15.0
 
@@ -26,19 +27,25 @@ class EppMetrics:
     avg_queue: float | None = None
 
 
+def request_metrics() -> str:
+    """The per-request metrics' prefix of the session's generation (``inference_model``, in v1
+    ``inference_objective``)."""
+    return session_generation().request_metrics
+
+
 def parse_epp_metrics(text: str) -> EppMetrics:
     """The EPP's key series out of its Prometheus text page."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out = EppMetrics()
+    prefix = request_metrics()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
-            if sample.name == "inference_model_request_total":
-                out.requests[(labels.get("model_name", ""), labels.get("target_model_name", ""))] = (
-                    sample.value
-                )
-            elif sample.name == "inference_model_request_error_total":
+            if sample.name == f"{prefix}_request_total":  # v1 also splits it by priority: summed
+                pair = (labels.get("model_name", ""), labels.get("target_model_name", ""))
+                out.requests[pair] = out.requests.get(pair, 0.0) + sample.value
+            elif sample.name == f"{prefix}_request_error_total":
                 key = (
                     labels.get("model_name", ""),
                     labels.get("target_model_name", ""),
@@ -179,10 +186,11 @@ class Report:
 
     def _metrics_lines(self) -> str:
         m, sat = self.metrics, self.results.metrics_saturated
-        lines = [f"EPP metrics ({self.metrics_url})", "  inference_model_request_total"]
+        prefix = request_metrics()
+        lines = [f"EPP metrics ({self.metrics_url})", f"  {prefix}_request_total"]
         for (model, target), value in sorted(m.requests.items()):
             lines.append(f"    {model:<34} -> {target:<34} {value:>6.0f}")
-        lines.append("  inference_model_request_error_total")
+        lines.append(f"  {prefix}_request_error_total")
         if not m.errors:
             lines.append("    (none)")
         for (model, target, code), value in sorted(m.errors.items()):
