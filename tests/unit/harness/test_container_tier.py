@@ -3,11 +3,15 @@ their content (``harness.cluster.container_images``, ``harness.nodeagent.image_b
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from harness.base.binaries import CACHE_ENV
+from harness.cluster import container_images
+from harness.cluster.container_images import images_dir, tarball
 from harness.nodeagent import containerfile
 from harness.nodeagent.image_builds import EPP_IMAGE_REPOSITORY, EppImageBuild
 from harness.plugin.container_fixtures import CONTAINERS_ENV
@@ -89,4 +93,24 @@ def test_the_containerfile_bases_are_build_arguments_defaulting_to_python_slim()
         ("pyproject.toml", "./"),
         ("README.md", "./"),
         ("epp/", "epp/"),
+    ]
+
+
+def test_the_image_cache_keeps_the_newest_tarballs_of_each_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    images_dir().mkdir(parents=True)
+    for age, version in enumerate(["e", "d", "c", "b", "a"]):  # "a" newest
+        for repository in ("epp-harness/debian-python", "epp-harness/debian-python-wheels"):
+            path = tarball(f"{repository}:{version}")
+            path.write_bytes(b"")
+            os.utime(path, (1_000_000 + age, 1_000_000 + age))
+    container_images._prune("epp-harness/debian-python:a")
+    left = sorted(p.name for p in images_dir().iterdir())
+    assert left == [
+        "epp-harness_debian-python+a.tar",
+        "epp-harness_debian-python+b.tar",
+        "epp-harness_debian-python+c.tar",
+        *(f"epp-harness_debian-python-wheels+{v}.tar" for v in "abcde"),  # another repository: untouched
     ]
