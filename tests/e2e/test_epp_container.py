@@ -21,6 +21,7 @@ from harness.cluster.container_engine import DockerEngine
 from harness.cluster.container_images import tarball
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.kube import Kube
+from harness.dataplane.extproc_client import ExtProcClient
 from harness.nodeagent import containerfile
 from harness.nodeagent.image_builds import BuiltImages
 from harness.subject.epp_container import EppContainer
@@ -48,6 +49,13 @@ def test_the_epp_image_runs_as_the_chart_runs_it_non_root_with_a_read_only_root(
     )
     with EppContainer(container_engine, epp_image.tag, control_plane, POOL, namespace) as epp:
         epp.wait_serving(timeout=90)
+        # An ext_proc stream, as Envoy opens one (TLS, the EPP's self-signed certificate as the
+        # chart runs it without tlsSecretName): the pool has no model and no pod, so the EPP
+        # answers the request itself.
+        with ExtProcClient(epp.ext_proc_address, tls=True) as client:
+            answer = client.route({"model": "no-such-model", "prompt": "hi", "max_tokens": 1})
+        assert answer.status == 404, answer
+        assert "no-such-model not found" in answer.message, answer
 
         # The image's own user (the Containerfile's USER; the chart only says runAsNonRoot).
         user = containerfile.image_layout(containerfile.read(containerfile.repository_containerfile())).user
