@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.base.binaries import CACHE_ENV
-from harness.cluster import container_images
+from harness.cluster import container_engine, container_images
 from harness.cluster.container_images import images_dir, tarball
 from harness.nodeagent import containerfile
 from harness.nodeagent.image_builds import EPP_IMAGE_REPOSITORY, EppImageBuild
@@ -114,3 +114,21 @@ def test_the_image_cache_keeps_the_newest_tarballs_of_each_repository(
         "epp-harness_debian-python+c.tar",
         *(f"epp-harness_debian-python-wheels+{v}.tar" for v in "abcde"),  # another repository: untouched
     ]
+
+
+ENGINE_TESTS = """
+def test_uses_the_engine(container_engine):
+    raise AssertionError("an engine started")
+"""
+
+
+def test_without_an_engine_the_tier_skips_saying_why(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dockerd missing and nothing to install it with (no apt-get): a skip with that reason."""
+    monkeypatch.setattr(container_engine, "ENGINE_PACKAGES", {Path("/nonexistent/dockerd"): "docker.io"})
+    monkeypatch.setattr(container_engine.shutil, "which", lambda name: None)
+    pytester.makepyfile(test_inner=ENGINE_TESTS)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "-rs", "--containers")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no container engine: docker.io missing and no apt-get to install them*"])
