@@ -18,7 +18,7 @@ import contextlib
 import functools
 import json
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,9 @@ class StackOptions:
     # False: the Stack applies no pool, models or pods: the EPP and Envoy serve a pool that a user
     # (kubectl apply of examples/cluster/, a test) creates in the namespace afterwards.
     apply_pool: bool = True
+    # How Envoy runs: None is ``Envoy`` (a process); the plugin's ``--envoy=container`` passes a
+    # ``harness.dataplane.envoy_container.ContainerEnvoy`` maker (same arguments).
+    envoy_factory: Callable[..., Envoy] | None = None
 
 
 class Stack(StartStop):
@@ -166,7 +169,8 @@ class Stack(StartStop):
                 cluster.kube, opts.namespace, opts.pool_name, self.settle_barrier, view
             )
         envoy = opts.envoy if opts.epp_command is None else opts.epp_command.envoy_options(opts.envoy)
-        self.envoy = Envoy(process.ext_proc_address, options=envoy, ext_proc_tls=process.ext_proc_tls)
+        make_envoy = opts.envoy_factory or Envoy
+        self.envoy = make_envoy(process.ext_proc_address, options=envoy, ext_proc_tls=process.ext_proc_tls)
         self.envoy.start()
         self.traffic = TrafficOracle(
             self.base_url, cluster, opts.probe_model or probe_model(opts.models, opts.sim_config.model)

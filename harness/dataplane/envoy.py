@@ -895,18 +895,21 @@ class Envoy(StartStop):
         # Envoy leaves its hot-restart shared memory behind, named after the base id: removed after it.
         shm = Path(f"{_HOT_RESTART_SHM_PREFIX}{self.admin_port * 10}")
         self._children.defer(lambda: shm.unlink(missing_ok=True))
-        self._process = self._children.add(
-            ManagedProcess(
-                "envoy",
-                self._binary or envoy_path(),
-                args,
-                dir=self.dir,
-                health_check=http_health_check(f"{self.admin_url}/ready"),
-                start_timeout=self._start_timeout,
-                stop_timeout=self._stop_timeout,
-            )
-        )
+        self._process = self._children.add(self._envoy_process(args))
         self._process.start()
+
+    def _envoy_process(self, args: list[str]) -> ManagedProcess:
+        """The supervised process that runs Envoy with ``args`` (a container runs it in
+        ``harness.dataplane.envoy_container``)."""
+        return ManagedProcess(
+            "envoy",
+            self._binary or envoy_path(),
+            args,
+            dir=self.dir,
+            health_check=http_health_check(f"{self.admin_url}/ready"),
+            start_timeout=self._start_timeout,
+            stop_timeout=self._stop_timeout,
+        )
 
     def _build_bootstrap(self) -> Bootstrap:
         return build_bootstrap(

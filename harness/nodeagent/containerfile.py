@@ -79,15 +79,18 @@ def parse(text: str) -> list[Stage]:
     base: str | None = None
     name: str | None = None
     current: list[Instruction] = []
+    global_args: dict[str, str] = {}  # ARGs before the first FROM: their defaults name the bases
     for instruction in _logical_lines(text):
         if instruction.keyword == "FROM":
             if base is not None:
                 stages.append(Stage(base, name, tuple(current)))
-            base, name = _from(instruction.arguments)
+            base, name = _from(_substitute(instruction.arguments, global_args))
             current = []
         elif base is None:
             if instruction.keyword != "ARG":  # only ARG may precede the first FROM
                 raise ContainerfileError(f"{instruction.keyword} before the first FROM")
+            key, _, default = instruction.arguments.partition("=")
+            global_args[key.strip()] = _substitute(default.strip(), global_args)
         else:
             current.append(instruction)
     if base is None:
@@ -130,6 +133,20 @@ def _env_pairs(arguments: str) -> list[tuple[str, str]]:
         if not sep or not key:
             raise ContainerfileError(f"cannot read ENV {arguments}")
         pairs.append((key, value.strip("\"'")))
+    return pairs
+
+
+def copy_sources(stage: Stage) -> list[tuple[str, str]]:
+    """``(source, destination)`` of each COPY from the build context (not ``--from`` another stage)."""
+    pairs = []
+    for copy in stage.all("COPY"):
+        words = copy.arguments.split()
+        if any(w.startswith("--from") for w in words):
+            continue
+        if any(w.startswith("--") for w in words):
+            raise ContainerfileError(f"unsupported COPY flags: {copy.arguments}")
+        *sources, destination = words
+        pairs += [(source, destination) for source in sources]
     return pairs
 
 

@@ -36,6 +36,7 @@ from harness.subject.foreign_epp import EppCommand
 
 if TYPE_CHECKING:  # imported when first used: Envoy's API types are slow to import for unit-only runs
     from harness.beds.stack import Stack, StackOptions
+    from harness.dataplane.envoy import Envoy
 
 StackFactory = Callable[..., "Stack"]
 
@@ -45,6 +46,7 @@ def stack_factory(
     control_plane: ClusterAccess,
     namespace: str,
     epp_command: EppCommand | None,
+    envoy_factory: Callable[..., Envoy] | None,
     request: pytest.FixtureRequest,
 ) -> Iterator[StackFactory]:
     """``stack_factory(**StackOptions fields but namespace)`` -> a started Stack, stopped after the test.
@@ -58,7 +60,7 @@ def stack_factory(
     def make(**changes: Any) -> Stack:
         if started:
             raise RuntimeError("one Stack per test: the namespace and the pool name are the test's own")
-        options = StackOptions(namespace=namespace, epp_command=epp_command)
+        options = StackOptions(namespace=namespace, epp_command=epp_command, envoy_factory=envoy_factory)
         stack = Stack(control_plane, dataclasses.replace(options, **changes))
         started.append(stack)
         stack.start()
@@ -81,7 +83,10 @@ def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
 
 @pytest.fixture(scope="module")
 def shared_stack(
-    control_plane: ClusterAccess, shared_stack_options: StackOptions, epp_command: EppCommand | None
+    control_plane: ClusterAccess,
+    shared_stack_options: StackOptions,
+    epp_command: EppCommand | None,
+    envoy_factory: Callable[..., Envoy] | None,
 ) -> Iterator[Stack]:
     """One Stack for every test of the module (running ``--epp-command``'s EPP when given);
     checked for leaks at its own teardown."""
@@ -90,6 +95,8 @@ def shared_stack(
     options = shared_stack_options
     if options.epp_command is None and epp_command is not None:
         options = dataclasses.replace(options, epp_command=epp_command)
+    if options.envoy_factory is None and envoy_factory is not None:
+        options = dataclasses.replace(options, envoy_factory=envoy_factory)
     before = guards.snapshot()
     stack = Stack(control_plane, options)
     try:
