@@ -26,3 +26,6 @@ compile --build-deps-for wheel -o requirements/epp.txt
 echo "==> requirements/dev.txt"
 # Constrained by the runtime lock, so the EPP is tested with exactly the versions its image ships.
 compile --build-deps-for editable --extra test --constraint requirements/epp.txt -o requirements/dev.txt
+echo "==> requirements/mutation.txt"
+# mutmut and what it adds on top of the dev lock (installed into .venv by benchmarks/mutation.py only).
+compile --extra mutation --constraint requirements/dev.txt -o requirements/mutation.txt

@@ -3,7 +3,10 @@
 # v1.5.0's test/integration/epp (the full EPP in-process against envtest) and v1.6.0's test/cel (the
 # InferencePool CRD's validation rules), with KUBEBUILDER_ASSETS=$(harness assets).
 #
-#   ci/upstream_suites.sh [integration|cel ...]     (default: both)
+#   ci/upstream_suites.sh [integration|cel|envtest ...]     (default: all three)
+#
+# envtest: ci/envtest-smoke, the smallest controller-runtime envtest program (start, write and read
+# an object, stop) on the same assets.
 #
 # The module cache is read-only, so each module is copied out to a scratch directory first; its test
 # dependencies come through the Go module proxy and build with the ordinary Go build cache. GOWORK=off:
@@ -12,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODULE=sigs.k8s.io/gateway-api-inference-extension
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(integration cel)
+[ ${#suites[@]} -gt 0 ] || suites=(integration cel envtest)
 
 assets=$(.venv/bin/harness assets)
 echo "==> KUBEBUILDER_ASSETS=$assets"
@@ -48,10 +51,20 @@ trap 'stop_cluster; chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"' EXIT
 
 status=0
 for suite in "${suites[@]}"; do
+    if [ "$suite" = envtest ]; then
+        echo "==> ci/envtest-smoke: go run ."
+        start=$(date +%s)
+        if (cd ci/envtest-smoke && KUBEBUILDER_ASSETS="$assets" GOTOOLCHAIN=local GOFLAGS=-mod=mod go run .); then
+            echo "==> envtest: passed in $(( $(date +%s) - start )) s"
+        else
+            echo "==> envtest: FAILED"; status=1
+        fi
+        continue
+    fi
     case "$suite" in
         integration) version=v1.5.0; package=./test/integration/epp/... ;;
         cel) version=v1.6.0; package=./test/cel/... ;;
-        *) echo "unknown suite $suite (integration, cel)" >&2; exit 2 ;;
+        *) echo "unknown suite $suite (integration, cel, envtest)" >&2; exit 2 ;;
     esac
     source=$(module_copy "$version")
     if [ "$suite" = cel ]; then with_cluster "$version"; fi

@@ -179,6 +179,32 @@ def test_resync_makes_the_set_exact_and_keeps_metrics(store: Datastore, recorder
     assert recorder.calls == [("removed", "goes"), ("moved", "stays"), ("added", "new")]
 
 
+def test_a_resync_that_drops_several_pods_tells_the_listener_of_each(
+    store: Datastore, recorder: Recorder
+) -> None:
+    """Every endpoint a resync drops is reported (its prober refresher stops), not only the last."""
+    for name, ip in (("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")):
+        store.pod_update_or_add(pod(name, ip))
+    recorder.calls.clear()
+
+    store.pod_resync([pod("c", "10.0.0.3")])
+
+    assert sorted(recorder.calls) == [("removed", "a"), ("removed", "b")]
+
+
+def test_a_pod_that_comes_back_starts_with_no_requests_in_flight(store: Datastore) -> None:
+    """A deleted pod's in-flight counts go with it: the same name re-added is a new endpoint."""
+    store.pod_update_or_add(pod("p1"))
+    assert store.pod_dispatch_started(key("p1"), "m")
+    store.pod_delete(pod_key("p1"))
+    store.pod_update_or_add(pod("p1"))
+    assert store.pod_dispatch_started(key("p1"), "m")
+
+    back = store.pod_get(key("p1"))
+    assert back is not None
+    assert back.dispatched.count == 1
+
+
 # --- pool -------------------------------------------------------------------------------------
 def test_pool_labels_match_is_false_without_a_pool() -> None:
     """Upstream #696: matching against a nil pool crashed."""
@@ -497,6 +523,24 @@ def test_target_ports_change_applies_to_every_pod_at_once(
         back = store.pod_get(key("p1", len(before) - 1))
         assert back is not None
         assert back.dispatched.count == 0
+
+
+@pytest.mark.parametrize("gone_by", ["delete", "resync"])
+def test_a_pod_that_left_is_not_brought_back_by_a_target_ports_change(gone_by: str) -> None:
+    """A targetPorts change re-creates every member pod's endpoints: a pod deleted (or dropped by a
+    resync) before it must stay gone, not come back routable at an address nobody serves."""
+    store = new_datastore(None)
+    store.pool_set(pool_v1(8000))
+    store.pod_update_or_add(pod("p1", "10.0.0.1"))
+    store.pod_update_or_add(pod("p2", "10.0.0.2"))
+    if gone_by == "delete":
+        store.pod_delete(pod_key("p1"))
+    else:
+        store.pod_resync([pod("p2", "10.0.0.2")])
+
+    store.pool_set(pool_v1(8000, 8001))
+
+    assert sorted(f"{e.pod.key.name}@{e.pod.port}" for e in store.pod_get_all()) == ["p2@8000", "p2@8001"]
 
 
 def test_a_scrape_of_an_old_port_is_not_written(store: Datastore) -> None:

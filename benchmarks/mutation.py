@@ -1,0 +1,101 @@
+"""Mutation testing of the EPP: mutmut's kill rate per package of `epp/`, and the mutants that survived.
+
+A mutant is a small realistic mistake (a flipped comparison, a constant off by one, a dropped call)
+planted in one function; the tests that reach that function run against it, and a suite that stays
+green has a gap. mutmut (configured in pyproject.toml, `[tool.mutmut]`: the unit tier is the runner)
+copies the tree to `mutants/`, mutates it there and runs, for each mutant, only the tests that
+reached the mutated function in a first stats run. Results are kept in `mutants/` between runs, so a
+second run only checks what changed.
+
+Not part of .ci/run (hours for the whole of epp/ on 2 cores): run it before resolving an issue that
+changes `epp/`, a package at a time. mutmut comes from `requirements/mutation.txt` (hashes checked),
+installed into .venv on first use. Prints, never asserts; the target (issue 24) is a kill rate of
+at least 90% for each package, every survivor either killed by a new test or explained.
+
+    .venv/bin/python benchmarks/mutation.py [PACKAGE ...] [--max-children 2] [--report-only]
+        PACKAGE: controller datastore k8s scheduling handlers h2 (default: those six)
+    .venv/bin/mutmut show <mutant name>       # the diff of one survivor
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+DEFAULT_PACKAGES = ("controller", "datastore", "k8s", "scheduling", "handlers", "h2")
+# mutmut's exit-code verdicts (mutmut.stats.status_by_exit_code) folded into what the rate counts:
+# a timeout or a type-check failure also means the mistake did not pass unnoticed.
+KILLED = {"killed", "timeout", "caught by type check", "segfault"}
+UNCOUNTED = {"not checked", "skipped", "check was interrupted by user"}
+
+
+def ensure_mutmut() -> None:
+    """mutmut from its lock, only when it is missing (the test command never needs it)."""
+    if importlib.util.find_spec("mutmut") is not None:
+        return
+    lock = ROOT / "requirements" / "mutation.txt"
+    print(f"==> installing mutmut from {lock.relative_to(ROOT)}", flush=True)
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps"]
+    subprocess.run([*pip, "-r", str(lock)], check=True)
+
+
+def run(package: str, max_children: int) -> float:
+    began = time.monotonic()
+    command = [str(VENV_BIN / "mutmut"), "run", "--max-children", str(max_children), f"epp.{package}.*"]
+    print(f"==> {' '.join(command[1:])}", flush=True)
+    # mutmut draws a spinner on stdout; its verdicts are read from mutants/ afterwards.
+    subprocess.run(command, cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
+    return time.monotonic() - began
+
+
+def verdicts(package: str) -> dict[str, str]:
+    """Mutant name -> mutmut's verdict, for every mutant of ``epp/<package>/``."""
+    from mutmut.stats import status_by_exit_code
+
+    out: dict[str, str] = {}
+    for meta in sorted((ROOT / "mutants" / "epp" / package).rglob("*.py.meta")):
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        out.update({name: status_by_exit_code[code] for name, code in codes.items()})
+    return out
+
+
+def report(package: str, found: dict[str, str], seconds: float | None) -> None:
+    counts = collections.Counter(found.values())
+    decided = sum(n for status, n in counts.items() if status not in UNCOUNTED)
+    killed = sum(counts[status] for status in KILLED)
+    rate = f"{100 * killed / decided:.1f}%" if decided else "-"
+    took = f", {seconds:.0f} s" if seconds is not None else ""
+    detail = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
+    print(f"epp/{package}: kill rate {rate} ({killed} of {decided} checked{took}); {detail}")
+    for name, status in sorted(found.items()):
+        if status not in KILLED and status not in UNCOUNTED:
+            print(f"    {status:10} {name}")  # as `mutmut show` takes it
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("packages", nargs="*", default=list(DEFAULT_PACKAGES), metavar="PACKAGE")
+    parser.add_argument("--max-children", type=int, default=2, help="mutants checked at once")
+    parser.add_argument("--report-only", action="store_true", help="print what mutants/ holds, run nothing")
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.packages if not (ROOT / "epp" / p).is_dir()]
+    if unknown:
+        parser.error(f"not a package of epp/: {', '.join(unknown)}")
+    ensure_mutmut()
+    for package in args.packages:
+        seconds = None if args.report_only else run(package, args.max_children)
+        report(package, verdicts(package), seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
