@@ -11,20 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.beds.stack import BASE_MODEL, DEMO_ADAPTERS, StackOptions
+from harness.beds.stack import StackOptions
 from harness.dataplane.envoy import EnvoyOptions
-from harness.plugin.core import namespace_name
 from harness.scenarios.conformance.test_what_reaches_the_model_server import *  # noqa: F403
-from harness.scenarios.conformance.test_what_reaches_the_model_server import BODY_LIMIT
-from harness.sim import SimConfig
+from harness.scenarios.conformance.test_what_reaches_the_model_server import BODY_LIMIT, stack_options
 
 
 @pytest.fixture(scope="module")
 def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
-    sim = SimConfig(model=BASE_MODEL, lora_adapters=DEMO_ADAPTERS, max_loras=3, time_scale=0.001)
-    return StackOptions(
-        namespace=namespace_name(request.module.__name__),
-        pods=0,
-        sim_config=sim,
-        envoy=EnvoyOptions(buffer_limit_bytes=BODY_LIMIT, request_body_mode="FULL_DUPLEX_STREAMED"),
+    return stack_options(
+        request, EnvoyOptions(buffer_limit_bytes=BODY_LIMIT, request_body_mode="FULL_DUPLEX_STREAMED")
     )

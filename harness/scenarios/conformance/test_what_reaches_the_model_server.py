@@ -45,15 +45,21 @@ CLIENT_HEADERS: list[tuple[str, str]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
+def stack_options(request: pytest.FixtureRequest, envoy: EnvoyOptions | None = None) -> StackOptions:
+    """This module's Stack: no pods yet, three adapter slots, Envoy's body limit ``BODY_LIMIT``
+    (``envoy`` for another body mode, with the same limit)."""
     sim = SimConfig(model=BASE_MODEL, lora_adapters=DEMO_ADAPTERS, max_loras=3, time_scale=0.001)
     return StackOptions(
         namespace=namespace_name(request.module.__name__),
         pods=0,
         sim_config=sim,
-        envoy=EnvoyOptions(buffer_limit_bytes=BODY_LIMIT),
+        envoy=envoy or EnvoyOptions(buffer_limit_bytes=BODY_LIMIT),
     )
+
+
+@pytest.fixture(scope="module")
+def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
+    return stack_options(request)
 
 
 @pytest.fixture(scope="module")
