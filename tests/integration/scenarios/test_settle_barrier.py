@@ -31,7 +31,6 @@ from kubernetes.client import ApiClient
 
 from epp.api import NamespacedName, ObjectReader
 from epp.controller import PodReconciler
-from epp.datastore import Datastore
 from epp.k8s.controllers import Reconcile, ReconcilerFactory, Reconcilers
 from harness.beds.testbed import TestBed
 from harness.cluster.controlplane import ClusterAccess
@@ -74,9 +73,12 @@ class FailingWhileReady:
     def __init__(self, failures: int) -> None:
         self.left = failures
 
-    def factory(self, reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
-        real = PodReconciler(reader, store).reconcile
+    def factory(self) -> ReconcilerFactory:
+        """The EPP's wiring hands the factory its own store (never named here: state goes in
+        through the API only)."""
+        return lambda reader, store, pool: self._wrap(reader, PodReconciler(reader, store).reconcile)
 
+    def _wrap(self, reader: ObjectReader, real: Callable[[NamespacedName], None]) -> Reconcile:
         def reconcile(key: NamespacedName) -> None:
             pod = reader.get_pod(key)
             if key.name == FLAKY and pod is not None and pod.ready and self.left > 0:
@@ -160,7 +162,7 @@ def test_settled_waits_out_a_failed_reconcile_waiting_to_be_retried(slow_bed: Ca
     """A failed reconcile has not applied its write: while its key waits out the retry backoff the
     EPP is not idle, so `settled()` returns only after the retry has put the pod in the datastore."""
     flaky = FailingWhileReady(FAILURES)
-    bed = slow_bed(pods=flaky.factory)
+    bed = slow_bed(pods=flaky.factory())
     serving(bed, "p1")
 
     bed.add_pod(FLAKY)
