@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from harness.cluster.releases import V1
+
 if TYPE_CHECKING:
     from harness.cluster.kube import Kube
 
 Obj = Mapping[str, Any]
-
-
-V1_POOL_GROUP = "inference.networking.k8s.io"  # (written here, not imported: see above)
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def expected_state(
     """``models``: InferenceModels for a v1alpha2 pool, InferenceModelRewrites for a v1 one."""
     if pool is None or _deleting(pool):
         return ExpectedState(None, None, {}, {}, {})
-    v1 = str(pool.get("apiVersion", "")).split("/")[0] == V1_POOL_GROUP
+    v1 = str(pool.get("apiVersion", "")).split("/")[0] == V1.pool_group
     spec = pool["spec"]
     if v1:
         selector = dict((spec.get("selector") or {}).get("matchLabels") or {})
@@ -122,7 +121,7 @@ def expected_state(
         ref = m["spec"].get("poolRef") or {}
         if ref.get("name") != pool_name:
             continue
-        if v1 and ref.get("group", V1_POOL_GROUP) != V1_POOL_GROUP:
+        if v1 and ref.get("group", V1.pool_group) != V1.pool_group:
             continue
         for model_name in _claimed_names(m, v1):
             claimants.setdefault(model_name, []).append(m)

@@ -18,10 +18,11 @@ import pytest
 import yaml
 
 from epp.server.flags import parse_flags
+from harness.cluster import releases
 from harness.cluster.helm import Helm, HelmError
 
-V1 = "inference.networking.k8s.io/v1"
-V1ALPHA2 = "inference.networking.x-k8s.io/v1alpha2"
+V1 = releases.V1.pool_api_version
+V1ALPHA2 = releases.V1ALPHA2.pool_api_version
 SELECTOR = {"inferencePool.modelServers.matchLabels.app": "vllm"}
 RELEASE, NAMESPACE = "vllm-pool", "serving"
 READ = ["get", "list", "watch"]
@@ -104,18 +105,18 @@ def test_v1alpha2_is_still_selectable(helm: Helm) -> None:
     }
     assert sorted(rules(objects)) == [
         ("", "pods", tuple(READ)),
-        ("inference.networking.x-k8s.io", "inferencemodels", tuple(READ)),
-        ("inference.networking.x-k8s.io", "inferencepools", tuple(READ)),
+        (releases.MODEL_KINDS_GROUP, "inferencemodels", tuple(READ)),
+        (releases.MODEL_KINDS_GROUP, "inferencepools", tuple(READ)),
     ]
-    assert parsed(objects).pool_group == "inference.networking.x-k8s.io"
+    assert parsed(objects).pool_group == releases.MODEL_KINDS_GROUP
 
 
 def test_the_v1_role_reads_the_pool_objectives_and_rewrites_and_nothing_else(helm: Helm) -> None:
     assert sorted(rules(render(helm))) == [
         ("", "pods", tuple(READ)),
-        ("inference.networking.k8s.io", "inferencepools", tuple(READ)),
-        ("inference.networking.x-k8s.io", "inferencemodelrewrites", tuple(READ)),
-        ("inference.networking.x-k8s.io", "inferenceobjectives", tuple(READ)),
+        (releases.V1.pool_group, "inferencepools", tuple(READ)),
+        (releases.MODEL_KINDS_GROUP, "inferencemodelrewrites", tuple(READ)),
+        (releases.MODEL_KINDS_GROUP, "inferenceobjectives", tuple(READ)),
     ]
 
 
@@ -129,7 +130,7 @@ def test_the_epp_gets_upstream_v1_5_flag_names_and_the_pools_group(helm: Helm) -
     ]  # fmt: skip
     config = parsed(objects)
     assert (config.pool_name, config.pool_namespace, config.pool_group) == (
-        RELEASE, NAMESPACE, "inference.networking.k8s.io",
+        RELEASE, NAMESPACE, releases.V1.pool_group,
     )  # fmt: skip
     assert (config.grpc_port, config.grpc_health_port, config.metrics_port) == (9002, 9003, 9090)
     assert config.cert_path == "/etc/epp/tls"
@@ -176,14 +177,14 @@ def test_leases_and_leader_election_only_in_ha_mode(helm: Helm) -> None:
 def test_the_pool_object_is_optional(helm: Helm) -> None:
     objects = render(helm, **{"inferencePool.create": "false"})
     assert "InferencePool" not in objects
-    assert ("inference.networking.k8s.io", "inferencepools", tuple(READ)) in rules(objects)
+    assert (releases.V1.pool_group, "inferencepools", tuple(READ)) in rules(objects)
 
 
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
         pytest.param(
-            {"inferencePool.apiVersion": "inference.networking.k8s.io/v2"},
+            {"inferencePool.apiVersion": f"{releases.V1.pool_group}/v2"},
             "not a pool generation",
             id="unknown-api-version",
         ),

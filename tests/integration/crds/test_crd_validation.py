@@ -14,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from harness.cluster.builders import ModelBuilder, PoolBuilder
 from harness.cluster.kube import CustomResourceClient, Kube, api_error_message
+from harness.cluster.releases import V1ALPHA2
 
 # v0.3.0's CRD schema and kinds (InferenceModel): not applicable on v1 CRDs.
 pytestmark = [pytest.mark.integration, pytest.mark.api_generation("v1alpha2")]
@@ -363,7 +364,7 @@ VALID = [
         model().build(),
         {
             "modelName": "llama",
-            "poolRef": {"name": "pool", "group": "inference.networking.x-k8s.io", "kind": "InferencePool"},
+            "poolRef": {"name": "pool", "group": V1ALPHA2.pool_group, "kind": "InferencePool"},
         },
         id="model-pool-ref-defaults-no-criticality-default",
     ),
@@ -373,7 +374,7 @@ VALID = [
         {
             "modelName": "m" * 256,
             "criticality": "Sheddable",
-            "poolRef": {"name": "pool", "group": "inference.networking.x-k8s.io", "kind": "InferencePool"},
+            "poolRef": {"name": "pool", "group": V1ALPHA2.pool_group, "kind": "InferencePool"},
             "targetModels": [{"name": f"lora-{i}", "weight": 1000000} for i in range(10)],
         },
         id="model-10-weighted-targets-longest-name",
@@ -384,7 +385,7 @@ VALID = [
         {
             "modelName": "llama",
             "criticality": "Critical",
-            "poolRef": {"name": "pool", "group": "inference.networking.x-k8s.io", "kind": "InferencePool"},
+            "poolRef": {"name": "pool", "group": V1ALPHA2.pool_group, "kind": "InferencePool"},
             "targetModels": [{"name": "lora-a"}, {"name": "lora-b"}],
         },
         id="model-targets-without-weights",

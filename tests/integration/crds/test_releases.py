@@ -19,8 +19,8 @@ from harness.cluster.controlplane import MINIMAL, ControlPlane
 
 pytestmark = pytest.mark.integration
 
-OBJECTIVES = ("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives")
-REWRITES = ("inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites")
+OBJECTIVES = (releases.MODEL_KINDS_GROUP, releases.MODEL_KINDS_VERSION, "inferenceobjectives")
+REWRITES = (releases.MODEL_KINDS_GROUP, releases.MODEL_KINDS_VERSION, "inferencemodelrewrites")
 MODELS = ("inference.networking.x-k8s.io", "v1alpha2", "inferencemodels")
 
 

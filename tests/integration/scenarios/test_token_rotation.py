@@ -29,6 +29,7 @@ from harness.base.ports import LOOPBACK
 from harness.beds.testbed import TestBed
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.kube import response_json
+from harness.cluster.releases import MODEL_KINDS_GROUP, V1, V1ALPHA2
 from harness.dataplane.tcp_proxy import TcpProxy
 
 from .support import serving
@@ -44,14 +45,8 @@ READ_ONLY_ROLE = {
     "metadata": {"name": "epp-reader"},
     "rules": [
         {
-            "apiGroups": ["", "inference.networking.k8s.io", "inference.networking.x-k8s.io"],
-            "resources": [
-                "pods",
-                "inferencepools",
-                "inferencemodels",
-                "inferenceobjectives",
-                "inferencemodelrewrites",
-            ],
+            "apiGroups": ["", V1.pool_group, V1ALPHA2.pool_group, MODEL_KINDS_GROUP],
+            "resources": ["pods", "inferencepools", *V1ALPHA2.model_plurals, *V1.model_plurals],
             "verbs": ["get", "list", "watch"],
         }
     ],

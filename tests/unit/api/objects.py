@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-V1 = "inference.networking.k8s.io/v1"
-X_V1ALPHA2 = "inference.networking.x-k8s.io/v1alpha2"
+from harness.cluster import releases
+
+V1 = releases.V1.pool_api_version
+X_V1ALPHA2 = releases.V1ALPHA2.pool_api_version
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 

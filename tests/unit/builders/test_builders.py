@@ -18,6 +18,7 @@ from epp.api.types import (
     RewriteRule,
     TargetModel,
 )
+from harness.cluster import releases
 from harness.cluster.builders import (
     HOLD_FINALIZER,
     STAND_IN_SCHEDULER,
@@ -124,7 +125,7 @@ def test_build_returns_independent_copies() -> None:
 
 def test_pool_builder_emits_only_what_was_set() -> None:
     assert PoolBuilder("pool").build() == {
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "apiVersion": releases.V1ALPHA2.pool_api_version,
         "kind": "InferencePool",
         "metadata": {"name": "pool", "namespace": "default"},
         "spec": {},
@@ -210,7 +211,7 @@ def test_one_pool_description_renders_for_each_generation() -> None:
         "extensionRef": {"name": "epp"},
     }
     v1 = pool.app_protocol("kubernetes.io/h2c").build(V1)
-    assert v1["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert v1["apiVersion"] == releases.V1.pool_api_version
     assert v1["spec"] == {
         "selector": {"matchLabels": {"app": "x"}},
         "targetPorts": [{"number": 8000}, {"number": 8001}],
@@ -230,7 +231,7 @@ def test_a_served_model_in_v1_is_a_rewrite_and_an_objective(criticality: str | N
         model = model.criticality(criticality)
     [(rewrite_kind, rewrite), (objective_kind, objective)] = model.target("b", weight=70).objects(V1)
     assert (rewrite_kind, objective_kind) == ("InferenceModelRewrite", "InferenceObjective")
-    pool_ref = {"name": "pool", "group": "inference.networking.k8s.io"}
+    pool_ref = {"name": "pool", "group": releases.V1.pool_group}
     assert rewrite["spec"] == {
         "poolRef": pool_ref,
         "rules": [

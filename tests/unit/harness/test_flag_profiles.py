@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.base.ports import reserve_port
+from harness.cluster import releases
 from harness.dataplane.envoy import EnvoyOptions
 from harness.subject import flag_profiles
 from harness.subject.flag_profiles import LWEPP, V0_3, V1, FlagProfileError
@@ -101,7 +102,7 @@ def test_the_harness_passes_its_settings_in_the_dialect(
     tmp_path: Path, help_text: str, expected: list[str], absent: list[str]
 ) -> None:
     command = EppCommand.from_text(str(fake_epp(tmp_path, help_text)))
-    epp = ForeignEpp(command, "pool", "ns", tmp_path / "kubeconfig", pool_group="inference.networking.k8s.io")
+    epp = ForeignEpp(command, "pool", "ns", tmp_path / "kubeconfig", pool_group=releases.V1.pool_group)
     # What start() sets up before it builds the command line: ports and a certificate directory.
     epp._ports = {name: reserve_port() for name in ("grpc", "health", "metrics")}
     epp._cert_dir, epp._ca_pem = tmp_path / "certs", b"a CA"

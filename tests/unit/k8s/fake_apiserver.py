@@ -19,14 +19,16 @@ from typing import Any
 
 from aiohttp import web
 
+from harness.cluster import releases
+
 JsonObject = dict[str, Any]
 
 POD_PATH = "/api/v1/namespaces/ns1/pods"
-GROUP_PREFIX = "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/ns1"
+GROUP_PREFIX = f"/apis/{releases.V1ALPHA2.pool_api_version}/namespaces/ns1"
 POOL_PATH = f"{GROUP_PREFIX}/inferencepools"
 MODEL_PATH = f"{GROUP_PREFIX}/inferencemodels"
 # The v1 generation: InferencePool v1, and the optional kinds of the experimental group.
-V1_POOL_PATH = "/apis/inference.networking.k8s.io/v1/namespaces/ns1/inferencepools"
+V1_POOL_PATH = f"/apis/{releases.V1.pool_api_version}/namespaces/ns1/inferencepools"
 OBJECTIVE_PATH = f"{GROUP_PREFIX}/inferenceobjectives"
 REWRITE_PATH = f"{GROUP_PREFIX}/inferencemodelrewrites"
 

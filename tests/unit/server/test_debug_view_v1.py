@@ -7,6 +7,7 @@ from epp.api import v1
 from epp.api.types import PodObject
 from epp.datastore import Metrics, new_datastore
 from epp.server.http import debug_view
+from harness.cluster import releases
 from harness.cluster.builders import PodBuilder
 from tests.unit.api import objects
 
@@ -46,7 +47,7 @@ def test_debug_view_of_a_v1_pool() -> None:
         "name": "pool",
         "selector": {"app": "vllm"},
         "targetPortNumber": 8000,
-        "group": "inference.networking.k8s.io",
+        "group": releases.V1.pool_group,
         "targetPorts": [8000, 8001],
         "appProtocol": "kubernetes.io/h2c",
         "endpointPickerRef": {
@@ -70,7 +71,7 @@ def test_debug_view_of_a_v1_pool() -> None:
             "priority": -2,
             "effectivePriority": -2,
             "sheddable": True,
-            "poolRef": {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "pool"},
+            "poolRef": {"group": releases.V1.pool_group, "kind": "InferencePool", "name": "pool"},
         }
     ]
     assert [r["name"] for r in view["rewrites"]] == ["old", "young"]

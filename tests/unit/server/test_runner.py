@@ -23,6 +23,7 @@ from epp.server.runner import READY_POLL_INTERVAL, Epp
 from epp.server.supervisor import TaskFailed
 from epp.server.tls import CERT_FILE, KEY_FILE, self_signed
 from harness.base.eventually import eventually_async
+from harness.cluster import releases
 from harness.cluster.builders import PoolBuilder
 
 from .support import LOOPBACK_CONFIG, make_epp, seed_pool
@@ -233,7 +234,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
             }
             # What the one datastore shape adds beside those keys (DESIGN.md §1).
             assert {k: view["pool"][k] for k in NEW_POOL_KEYS} == {
-                "group": "inference.networking.x-k8s.io",
+                "group": releases.V1ALPHA2.pool_group,
                 "targetPorts": [8000],
                 "appProtocol": "http",
                 "endpointPickerRef": None,
@@ -246,7 +247,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                     "name": "m",
                     "created": "1970-01-01T00:00:00+00:00",
                     "poolRef": {
-                        "group": "inference.networking.x-k8s.io",
+                        "group": releases.V1ALPHA2.pool_group,
                         "kind": "InferencePool",
                         "name": "pool",
                     },
