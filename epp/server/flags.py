@@ -80,7 +80,6 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-# Where each setting comes from, to name it in an error (see ConfigError.setting).
 # Where each setting comes from, to name it in an error (see ConfigError.setting): the variable, or
 # the flag with its v0.3 alias.
 _SOURCES = {
