@@ -1,8 +1,9 @@
 """The Containerfile's install recipe, replayed without a container engine (none runs here).
 
 The build stage's COPY lines decide what the build context holds, its wheel build and the runtime
-stage's offline install are repeated in a fresh virtualenv, and the image's ENTRYPOINT must then
-run. This catches a wheel that misses a module or a dependency missing from requirements/epp.txt;
+stage's offline install are repeated in a fresh virtualenv (kept in the harness cache under a key of
+the wheel's files, the lock and the interpreter: `installed_venvs`), and the image's ENTRYPOINT must
+then run. This catches a wheel that misses a module or a dependency missing from requirements/epp.txt;
 what it cannot check (the base image, the USER switch, BuildKit's bind mount) is covered by hadolint
 and the static tests in tests/unit/packaging.
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.nodeagent import containerfile
+
+from . import installed_venvs
 
 pytestmark = pytest.mark.e2e
 
@@ -52,17 +55,23 @@ def _copy_build_context(stage: containerfile.Stage, context: Path) -> None:
 def test_the_image_recipe_installs_a_working_epp_without_the_harness(tmp_path: Path) -> None:
     stages = containerfile.read(ROOT / containerfile.CONTAINERFILE)
     layout = containerfile.image_layout(stages)
-    context, wheels, venv = tmp_path / "context", tmp_path / "wheels", tmp_path / "image"
+    context, wheels = tmp_path / "context", tmp_path / "wheels"
     context.mkdir()
     _copy_build_context(stages[0], context)
 
     _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "--wheel-dir", wheels, ".", cwd=context)  # fmt: skip
-    _run(sys.executable, "-m", "venv", venv)
+    [wheel] = wheels.glob("*.whl")
+    lock = context / "requirements" / "epp.txt"
+
+    def install(venv: Path) -> None:
+        python = venv / "bin" / "python"
+        _run(python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", lock)
+        _run(python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", wheel)
+
+    # A fresh venv per exact wheel, lock and interpreter, reused while they stay the same.
+    venv = installed_venvs.cached_venv("image-recipe", installed_venvs.input_key(wheel, lock), install)
     python = venv / "bin" / "python"
-    _run(python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r",
-         context / "requirements" / "epp.txt")  # fmt: skip
-    _run(python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", *sorted(wheels.glob("*.whl")))
 
     # Run from an empty directory: the repository's own epp/ and harness/ must not be importable.
     elsewhere = tmp_path / "elsewhere"

@@ -1,5 +1,7 @@
 """The harness as another project uses it: built as a wheel, installed with the locked dependencies
-into a fresh virtualenv in a temporary directory, and run from a directory with no checkout in sight.
+into a fresh virtualenv, and run from a directory with no checkout in sight. The venv is kept in the
+harness cache under a key of the wheel's files, the lock and the interpreter (`installed_venvs`): any
+change to them installs anew.
 
 What must work there: ``harness conformance`` on the scenarios the wheel carries (with its CI outputs),
 ``harness up --deploy`` with the chart the wheel carries, and a user's own test file that uses the
@@ -23,6 +25,7 @@ import pytest
 from harness.base.shipped import SHIPPED
 from harness.cluster.crds import DEFAULT_CRD_RELEASE
 
+from . import installed_venvs
 from .test_up_with_epp import BASE_URL_PREFIX, harness_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -80,18 +83,21 @@ def _check(result: subprocess.CompletedProcess[str], what: str) -> str:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("installed-harness")
-    wheels, venv, elsewhere = root / "wheels", root / "venv", root / "elsewhere"
+    wheels, elsewhere = root / "wheels", root / "elsewhere"
     elsewhere.mkdir()
     build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-    run = Installed(Path(), venv, elsewhere).run
+    run = Installed(Path(), Path(), elsewhere).run
     _check(run(*build, "--wheel-dir", wheels, REPO, timeout=INSTALL_TIMEOUT_S), "pip wheel")
     [wheel] = wheels.glob("inference_epp-*.whl")
-    _check(run(sys.executable, "-m", "venv", venv), "python -m venv")
-    python = venv / "bin" / "python"
     lock = REPO / "requirements" / "dev.txt"
-    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    _check(run(*pip, "--require-hashes", "-r", lock, timeout=INSTALL_TIMEOUT_S), "pip install the lock")
-    _check(run(*pip, "--no-deps", wheel, timeout=INSTALL_TIMEOUT_S), "pip install the wheel")
+
+    def install(venv: Path) -> None:
+        pip = [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        _check(run(*pip, "--require-hashes", "-r", lock, timeout=INSTALL_TIMEOUT_S), "pip install the lock")
+        _check(run(*pip, "--no-deps", wheel, timeout=INSTALL_TIMEOUT_S), "pip install the wheel")
+
+    # A fresh venv per exact wheel, lock and interpreter, reused while they stay the same.
+    venv = installed_venvs.cached_venv("harness-wheel", installed_venvs.input_key(wheel, lock), install)
     return Installed(wheel, venv, elsewhere)
 
 
