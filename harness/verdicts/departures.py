@@ -47,6 +47,10 @@ UPSTREAM_BUGS: Final[dict[str, str]] = {
         "inference_model_request_error_total is registered but never incremented (v0.3.0)"
     ),
     "713-resync-adds-deleting-pods": "a pool resync adds pods already marked for deletion (upstream #713)",
+    "1275-objects-bind-by-pool-name": (
+        "objectives and models bound to a same-named pool of the other API group apply to this one "
+        "(upstream #1275; v0.3.0 ignores poolRef.group)"
+    ),
 }
 
 
