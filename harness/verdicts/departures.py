@@ -63,6 +63,10 @@ CAPABILITIES: Final[dict[str, str]] = {
     ),
     "request-metrics": "publishes per-request metrics on its /metrics",
     "request-validation": "parses the OpenAI body and refuses a malformed one with 400",
+    "leader-election": (
+        "--ha-enable-leader-election: only the Lease holder reports SERVING, and the next replica takes "
+        "over when it goes"
+    ),
 }
 
 

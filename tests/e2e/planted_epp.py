@@ -12,7 +12,12 @@ product allows, through constructors (`Reconcilers`, `Controllers`); no product 
 * ``selector-blind``: every pod of the namespace is the pool's (two pools in one namespace);
 * ``binds-by-name``: objectives and rewrites bind by pool name whatever their group (upstream #1275);
 * ``optional-kinds-looked-up-once``: an optional kind absent or forbidden at start is never looked
-  for again (upstream's discovery at start-up, #1737).
+  for again (upstream's discovery at start-up, #1737);
+* ``follower-never-takes-over``: under ``--ha-enable-leader-election`` a replica that did not win the
+  Lease at its first try never tries again (upstream's e2e "failover after leader deleted");
+* ``no-drain``: SIGTERM stops at once, cutting the streams in flight (upstream #548).
+
+Every other defect drains on SIGTERM as `epp.__main__` does.
 
 A harness conformance run against it, e.g.::
 
@@ -26,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
+import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -38,8 +45,9 @@ from epp.controller import ObjectiveReconciler, PodReconciler, PoolReconciler, R
 from epp.k8s import Controllers, KubeClient, load_config
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.controllers import Reconcile, Reconcilers
+from epp.k8s.leader import LeaderElector, LeaseSettings
 from epp.server.flags import parse_flags
-from epp.server.runner import ControllersFactory, Epp
+from epp.server.runner import ControllersFactory, Epp, LeaderElectorLike
 from harness.stress.planted import (
     LyingReader,
     PodRewritingReader,
@@ -86,12 +94,48 @@ DEFECTS: Final[dict[str, Callable[[], dict[str, Any]]]] = {
     "binds-by-name": lambda: {"reconcilers": lying(lambda store: binds_by_name(store.pool_get))},
     "optional-kinds-looked-up-once": lambda: {"absent_backoff": NEVER_AGAIN},
 }
+# Defects planted outside the controllers (the elector, the shutdown): see `serve`.
+ELSEWHERE: Final = ("follower-never-takes-over", "no-drain")
+
+
+class TriesOnce:
+    """A `LeaderElectorLike` that tries for the Lease once: the winner renews it as usual, a loser
+    waits for good instead of taking over when the leader goes."""
+
+    def __init__(self, inner: LeaderElector) -> None:
+        self._inner = inner
+
+    @property
+    def is_leader(self) -> bool:
+        return self._inner.is_leader
+
+    async def run(self) -> None:
+        await self._inner.try_once()
+        if self._inner.is_leader:
+            await self._inner.run()
+        await asyncio.Event().wait()  # until cancelled
+
+    async def release(self) -> None:
+        await self._inner.release()
+
+
+def elector(config: ServerConfig, client: KubeClient, defect: str) -> LeaderElectorLike | None:
+    """The production elector (as `Epp` builds it from the flags), or the defect's."""
+    election = config.leader_election
+    if not election.enabled:
+        return None
+    identity = election.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    settings = LeaseSettings(
+        identity, election.lease_duration, election.renew_deadline, election.retry_period
+    )
+    inner = LeaderElector(client, NamespacedName(config.pool_namespace, config.pool_name), settings)
+    return TriesOnce(inner) if defect == "follower-never-takes-over" else inner
 
 
 async def serve(config: ServerConfig, defect: str) -> int:
     async with KubeClient(load_config(config.kubeconfig, os.environ)) as client:
         pool = NamespacedName(config.pool_namespace, config.pool_name)
-        planted = DEFECTS[defect]()
+        planted = DEFECTS.get(defect, dict)()
 
         controllers: ControllersFactory = lambda store: Controllers(  # noqa: E731
             client,
@@ -102,19 +146,28 @@ async def serve(config: ServerConfig, defect: str) -> int:
             **planted,
         )
 
-        epp = Epp(config, registry=CollectorRegistry(), controllers=controllers)
+        epp = Epp(
+            config,
+            registry=CollectorRegistry(),
+            controllers=controllers,
+            leader_elector=elector(config, client, defect),
+            # no-drain: nothing in flight is waited for (stop() otherwise gives streams a grace).
+            **({"shutdown_grace": 0.0} if defect == "no-drain" else {}),
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, epp.request_stop)
         async with epp:
             await epp.wait()
+            if defect != "no-drain":
+                await epp.drain()
     return 0
 
 
 def main() -> int:
     defect = os.environ.get(DEFECT_ENV) or "deletion-blind"
-    if defect not in DEFECTS:
-        print(f"{DEFECT_ENV}={defect!r}: one of {', '.join(DEFECTS)}", file=sys.stderr)
+    if defect not in DEFECTS and defect not in ELSEWHERE:
+        print(f"{DEFECT_ENV}={defect!r}: one of {', '.join([*DEFECTS, *ELSEWHERE])}", file=sys.stderr)
         return 2
     flags = parse_flags([*sys.argv[1:], "--debugPort=0", "--shutdownDelay=0s"], os.environ)
     return asyncio.run(serve(flags.config, defect))
