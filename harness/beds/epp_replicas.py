@@ -84,6 +84,13 @@ class EppReplicas(StartStop):
                 replica.close()
 
     # ------------------------------------------------------------------ reading
+    def ours(self, index: int) -> EppProcess:
+        """Replica ``index`` as our `EppProcess` (its debug view, pause/resume); TypeError for another EPP."""
+        replica = self.replicas[index]
+        if not isinstance(replica, EppProcess):
+            raise TypeError(f"replica {index} is {self.stack.epp_name}, not our EppProcess")
+        return replica
+
     @property
     def base_url(self) -> str:
         """The OpenAI base URL of the Envoy in front of every replica."""

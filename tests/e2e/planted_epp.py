@@ -47,7 +47,7 @@ from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.controllers import Reconcile, Reconcilers
 from epp.k8s.leader import LeaderElector, LeaseSettings
 from epp.server.flags import parse_flags
-from epp.server.runner import ControllersFactory, Epp, LeaderElectorLike
+from epp.server.runner import DEFAULT_SHUTDOWN_GRACE, ControllersFactory, Epp, LeaderElectorLike
 from harness.stress.planted import (
     LyingReader,
     PodRewritingReader,
@@ -152,7 +152,7 @@ async def serve(config: ServerConfig, defect: str) -> int:
             controllers=controllers,
             leader_elector=elector(config, client, defect),
             # no-drain: nothing in flight is waited for (stop() otherwise gives streams a grace).
-            **({"shutdown_grace": 0.0} if defect == "no-drain" else {}),
+            shutdown_grace=0.0 if defect == "no-drain" else DEFAULT_SHUTDOWN_GRACE,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
