@@ -56,7 +56,7 @@ _Bound = TypeVar("_Bound", Objective, ModelRewrite)
 class LyingReader:
     """An ``ObjectReader`` that passes every read through, except what the defect rewrites:
     ``pool`` rewrites the pool read, ``pods`` turns a pod read into another (or none), and
-    ``pod_selector`` says what selector a pod list really uses."""
+    ``pod_selector`` says what selector a pod list really uses, ``pod_list`` which list it returns."""
 
     def __init__(
         self,
@@ -66,12 +66,14 @@ class LyingReader:
         pod: PodLie = lambda p: p,
         pod_selector: Callable[[Mapping[str, str]], Mapping[str, str]] = lambda s: s,
         pool_ref: Callable[[PoolRef], PoolRef] = lambda r: r,
+        pod_list: Callable[[Sequence[PodObject]], Sequence[PodObject]] = lambda pods: pods,
     ) -> None:
         self._inner = inner
         self._pool = pool
         self._pod = pod
         self._pod_selector = pod_selector
         self._pool_ref = pool_ref
+        self._pod_list = pod_list
 
     def get_pool(self, key: NamespacedName) -> InferencePool | None:
         pool = self._inner.get_pool(key)
@@ -82,7 +84,8 @@ class LyingReader:
         return None if pod is None else self._pod(pod)
 
     def list_pods(self, namespace: str, selector: Mapping[str, str]) -> Sequence[PodObject]:
-        return [self._pod(p) for p in self._inner.list_pods(namespace, self._pod_selector(selector))]
+        listed = self._inner.list_pods(namespace, self._pod_selector(selector))
+        return [self._pod(p) for p in self._pod_list(listed)]
 
     def get_objective(self, key: NamespacedName) -> Objective | None:
         objective = self._inner.get_objective(key)
@@ -135,3 +138,17 @@ def binds_by_name(store_pool: StorePool) -> dict[str, Any]:
         return ref if pool is None else dataclasses.replace(ref, group=pool.group)
 
     return {"pool_ref": ours}
+
+
+class OneListBehind:
+    """Upstream llm-d-router #2060's outcome: a pool resync that races pod reconciles applies a pod
+    list from before the latest change, and the Ready pods it lacks stay dropped until some later event
+    of theirs. Each pod list returned is the one the previous call got (the first is current)."""
+
+    def __init__(self) -> None:
+        self._previous: Sequence[PodObject] | None = None
+
+    def __call__(self, pods: Sequence[PodObject]) -> Sequence[PodObject]:
+        stale = pods if self._previous is None else self._previous
+        self._previous = list(pods)
+        return stale

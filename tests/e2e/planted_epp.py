@@ -10,6 +10,7 @@ product allows, through constructors (`Reconcilers`, `Controllers`); no product 
 * ``deletion-blind``: the pod reconciler forgets every ``deletionTimestamp`` (upstream #713 on resync);
 * ``ranks-never-forgotten``: a pool's target ports only ever grow (upstream #2306);
 * ``selector-blind``: every pod of the namespace is the pool's (two pools in one namespace);
+* ``stale-resync``: a pool resync applies the pod list of the resync before (llm-d-router #2060);
 * ``binds-by-name``: objectives and rewrites bind by pool name whatever their group (upstream #1275);
 * ``optional-kinds-looked-up-once``: an optional kind absent or forbidden at start is never looked
   for again (upstream's discovery at start-up, #1737);
@@ -29,6 +30,7 @@ A harness conformance run against it, e.g.::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import socket
@@ -50,6 +52,7 @@ from epp.server.flags import parse_flags
 from epp.server.runner import DEFAULT_SHUTDOWN_GRACE, ControllersFactory, Epp, LeaderElectorLike
 from harness.stress.planted import (
     LyingReader,
+    OneListBehind,
     PodRewritingReader,
     RanksNeverForgotten,
     binds_by_name,
@@ -87,10 +90,18 @@ def ranks_never_forgotten() -> Reconcilers:
     return lying(lambda _store: {"pool": lie})
 
 
+def stale_resync() -> Reconcilers:
+    lists = OneListBehind()  # the pool reconciler's memory: only resyncs list pods
+    return dataclasses.replace(
+        Reconcilers(), pool=lambda r, s, p: PoolReconciler(LyingReader(r, pod_list=lists), s, p).reconcile
+    )
+
+
 DEFECTS: Final[dict[str, Callable[[], dict[str, Any]]]] = {
     "deletion-blind": lambda: {"reconcilers": Reconcilers(pod=deletion_blind_pods)},
     "ranks-never-forgotten": lambda: {"reconcilers": ranks_never_forgotten()},
     "selector-blind": lambda: {"reconcilers": lying(lambda store: selector_blind(store.pool_get))},
+    "stale-resync": lambda: {"reconcilers": stale_resync()},
     "binds-by-name": lambda: {"reconcilers": lying(lambda store: binds_by_name(store.pool_get))},
     "optional-kinds-looked-up-once": lambda: {"absent_backoff": NEVER_AGAIN},
 }
