@@ -51,7 +51,7 @@ def test_two_pools_in_one_namespace_each_with_its_epp_never_pick_each_others_pod
             f"not applicable: {epp_command.name} always binds port(s) {epp_command.fixed_ports}, so two "
             "of it cannot run on one host"
         )
-    stack = stack_factory(pods=2, models=MODELS)
+    stack = stack_factory(pods=1, models=MODELS)  # one pod each is enough to be picked wrongly
     options = dataclasses.replace(stack.options, pool_name=OTHER_POOL, models=OTHER_MODELS)
     with Stack(control_plane, options) as other:
         ours, theirs = cluster_of(stack), cluster_of(other)
