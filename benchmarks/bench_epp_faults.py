@@ -68,7 +68,7 @@ def in_flight_at(load: ClosedLoopLoad, moment: float) -> int:
 
 def wait_exited(replicas: EppReplicas, index: int) -> float:
     deadline = time.monotonic() + TIMEOUT_S
-    while replicas.replicas[index].running:
+    while replicas.ours(index).running:
         if time.monotonic() > deadline:
             raise TimeoutError("the replica did not exit")
         time.sleep(POLL_S)
@@ -77,7 +77,7 @@ def wait_exited(replicas: EppReplicas, index: int) -> float:
 
 def rebuilt_in(replicas: EppReplicas, index: int) -> float:
     """Exec to SERVING, datastore = oracle and every pod scraped, polled every 10 ms."""
-    replica = replicas.replicas[index]
+    replica = replicas.ours(index)
     replica.stop()  # reap what is left (a drained or killed process)
     started = time.monotonic()
     replica.start(timeout=TIMEOUT_S)
@@ -97,7 +97,7 @@ def rebuilt_in(replicas: EppReplicas, index: int) -> float:
 
 def sigterm_round(replicas: EppReplicas, in_flight: int) -> dict[str, float]:
     url = f"{replicas.base_url}/completions"
-    victim = replicas.replicas[0]
+    victim = replicas.ours(0)
     with ClosedLoopLoad(url, request, concurrency=in_flight) as load:
         time.sleep(STEADY_S)
         assert victim.pid is not None
@@ -116,7 +116,7 @@ def sigterm_round(replicas: EppReplicas, in_flight: int) -> dict[str, float]:
 
 def sigkill_round(replicas: EppReplicas, in_flight: int) -> dict[str, float]:
     url = f"{replicas.base_url}/completions"
-    victim = replicas.replicas[0]
+    victim = replicas.ours(0)
     with ClosedLoopLoad(url, request, concurrency=in_flight) as load:
         time.sleep(STEADY_S)
         assert victim.pid is not None

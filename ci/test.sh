@@ -34,6 +34,10 @@ V1_SCENARIOS=(
     tests/e2e/test_lora_affinity.py
     tests/e2e/test_openai_api.py
     tests/e2e/test_pod_lifecycle.py
+    tests/e2e/test_optional_kinds.py
+    tests/e2e/test_pool_boundaries.py
+    tests/e2e/test_pool_resync.py
+    tests/e2e/test_target_ports.py
     tests/e2e/test_up_with_epp.py
     tests/e2e/test_v1_protocol.py
     tests/e2e/test_what_reaches_the_model_server.py

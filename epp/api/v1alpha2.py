@@ -9,8 +9,9 @@ InferenceModel becomes a `ModelRewrite` with one rule: an exact match on `modelN
 `criticality` implies. v0.3.0 routes only `Critical` as critical; `Standard`, `Sheddable` and unset
 take the sheddable branch (epp-behaviour.md §5.3), so in priorities: Critical 1, Standard and unset
 -1, Sheddable -2. Oldest-wins on a contested modelName is the rewrite precedence (oldest object
-first among exact matches). v0.3.0 ignores `poolRef.group` and `kind` (epp-behaviour.md §1): the
-reference is bound to this generation's pool by name alone.
+first among exact matches). `poolRef.group` is kept (the CRD defaults it to this generation's
+group): v0.3.0 ignored it (epp-behaviour.md §1), which is upstream #1275's bug: the models of a
+same-named pool in the other group applied to this one. `kind` is ignored, as in v0.3.0.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def model_from_api(obj: Mapping[str, Any]) -> ModelRewrite:
     key = key_of(obj)
     declared = spec.get("criticality")
     criticality = Criticality(declared) if declared else None
-    pool_ref = PoolRef(GROUP, str((spec.get("poolRef") or {}).get("name", "")))
+    ref = spec.get("poolRef") or {}
+    pool_ref = PoolRef(str(ref.get("group") or GROUP), str(ref.get("name", "")))
     created = parse_timestamp(meta.get("creationTimestamp"))
     deleting = bool(meta.get("deletionTimestamp"))
     targets = tuple(_target(t) for t in spec.get("targetModels") or ())

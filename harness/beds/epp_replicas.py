@@ -8,6 +8,11 @@ Envoy of its own whose ext_proc cluster lists every replica, checks each one's g
 retries a stream that could not start on another replica (`harness.dataplane.envoy.ExtProcHealthCheck`,
 `EnvoyOptions.ext_proc_retries`). The Stack's own Envoy is left alone. The fault tests and
 `benchmarks/bench_epp_faults.py` kill and drain replicas under load here.
+
+Any EPP (a Stack with ``epp_command``): its replicas are more processes of that command
+(`ForeignEpp.replica`), and its Envoy speaks the command's protocol. ``wait_serving=False`` starts
+the replicas without waiting for each to be SERVING: under ``--ha-enable-leader-election`` only the
+Lease holder ever is.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ import dataclasses
 from typing import Any
 
 from harness.base.lifecycle import StartStop
-from harness.beds.stack import Stack
+from harness.beds.stack import NoDatastoreView, Stack
 from harness.dataplane.envoy import Envoy, ExtProcHealthCheck, ExtProcReplica
 from harness.subject.epp_process import EppProcess
+from harness.subject.foreign_epp import ForeignEpp
 from harness.verdicts.observer import EppObserver
 from harness.verdicts.oracle import Verdict
 
@@ -35,17 +41,22 @@ class EppReplicas(StartStop):
         *,
         health_check: ExtProcHealthCheck = DEFAULT_HEALTH_CHECK,
         retries: int = 1,
+        wait_serving: bool = True,
     ) -> None:
-        if stack.epp is None or stack.cluster is None:
+        if stack.epp_process is None or stack.cluster is None:
             raise RuntimeError("the Stack is not started")
         if count < 1:
             raise ValueError("at least one replica")
         self.stack = stack
         self.count = count
+        self.wait_serving = wait_serving
+        envoy = stack.options.envoy
+        if stack.options.epp_command is not None:
+            envoy = stack.options.epp_command.envoy_options(envoy)
         self.envoy_options = dataclasses.replace(
-            stack.options.envoy, ext_proc_health_check=health_check, ext_proc_retries=retries
+            envoy, ext_proc_health_check=health_check, ext_proc_retries=retries
         )
-        self.replicas: list[EppProcess] = [stack.epp]
+        self.replicas: list[EppProcess | ForeignEpp] = [stack.epp_process]
         self.envoy: Envoy | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -55,7 +66,7 @@ class EppReplicas(StartStop):
             replica = first.replica()
             self.replicas.append(replica)
             replica.start()
-        for replica in self.replicas:
+        for replica in self.replicas if self.wait_serving else ():
             replica.wait_serving()
         endpoints = [ExtProcReplica(r.ext_proc_address, r.health_port) for r in self.replicas]
         self.envoy = Envoy(endpoints, options=self.envoy_options, ext_proc_tls=first.ext_proc_tls)
@@ -73,6 +84,13 @@ class EppReplicas(StartStop):
                 replica.close()
 
     # ------------------------------------------------------------------ reading
+    def ours(self, index: int) -> EppProcess:
+        """Replica ``index`` as our `EppProcess` (its debug view, pause/resume); TypeError for another EPP."""
+        replica = self.replicas[index]
+        if not isinstance(replica, EppProcess):
+            raise TypeError(f"replica {index} is {self.stack.epp_name}, not our EppProcess")
+        return replica
+
     @property
     def base_url(self) -> str:
         """The OpenAI base URL of the Envoy in front of every replica."""
@@ -83,9 +101,12 @@ class EppReplicas(StartStop):
         """The Stack's observation part, reading replica `index`'s datastore view."""
         cluster = self.stack.cluster
         assert cluster is not None, "the Stack is not started"
+        replica = self.replicas[index]
+        if not isinstance(replica, EppProcess):
+            raise NoDatastoreView(f"replica {index} ({self.stack.epp_name}) has no /debug/datastore")
         return EppObserver(
             cluster.kube, cluster.namespace, cluster.pool_name, self.stack.settle_barrier,
-            self.replicas[index].datastore_view,
+            replica.datastore_view,
         )  # fmt: skip
 
     def verdict(self, index: int) -> Verdict:

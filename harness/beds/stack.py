@@ -20,6 +20,7 @@ import json
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -97,6 +98,9 @@ class StackOptions:
     # How Envoy runs: None is ``Envoy`` (a process); the plugin's ``--envoy=container`` passes a
     # ``harness.dataplane.envoy_container.ContainerEnvoy`` maker (same arguments).
     envoy_factory: Callable[..., Envoy] | None = None
+    # The identity the EPP runs as (a kubeconfig, e.g. of a ServiceAccount with a narrow Role); None:
+    # the run's admin kubeconfig. The Stack's own writes always go as the admin.
+    epp_kubeconfig: Path | None = None
 
 
 class Stack(StartStop):
@@ -136,12 +140,13 @@ class Stack(StartStop):
                 )
             cluster.add_pods([cluster.pod_body(f"{opts.pool_name}-{i}") for i in range(opts.pods)])
         body_limit = f"--maxRequestBodyBytes={opts.envoy.buffer_limit_bytes}"
+        kubeconfig = opts.epp_kubeconfig or self.access.kubeconfig_path
         process: EppProcess | ForeignEpp
         if opts.epp_command is None:
             self.epp = process = EppProcess(
                 opts.pool_name,
                 opts.namespace,
-                self.access.kubeconfig_path,
+                kubeconfig,
                 # One body limit for both: Envoy's buffer and the EPP's 413 (epp_args may still override).
                 extra_args=[body_limit, *opts.epp_args],
                 extra_env=dict(opts.epp_env),
@@ -152,7 +157,7 @@ class Stack(StartStop):
                 command,
                 opts.pool_name,
                 opts.namespace,
-                self.access.kubeconfig_path,
+                kubeconfig,
                 extra_args=[*sim_metric_args(command), *opts.epp_args],
                 ours_args=[body_limit, "--shutdownDelay=0s"],
                 extra_env=dict(opts.epp_env),

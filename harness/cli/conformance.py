@@ -12,6 +12,8 @@ per-test records the plugin writes (``--conformance-json``) and prints, per scen
   (``@pytest.mark.upstream_bug``) and this EPP shows it;
 * ``not applicable: <capability>`` — the test needs a capability (``@pytest.mark.needs``) this EPP
   lacks (its flag profile says so, e.g. v1.6.0's round-robin lwepp, or ``--epp-lacks``): not run;
+  ``not applicable: API generation <name>`` — the test is about the other generation's objects
+  (``@pytest.mark.api_generation``, e.g. ``targetPorts``, which only an InferencePool v1 has);
 * ``FAIL`` — anything else; its evidence follows the table (what was sent through Envoy, what came
   back, which pod got each request, and what the traffic oracle saw).
 
@@ -54,6 +56,7 @@ from harness.verdicts import departures
 HELP = "run the EPP-agnostic scenarios against any EPP command line and print a conformance table"
 SCENARIOS: Final = "harness.scenarios.conformance"
 WHAT_HAPPENED_CHARS: Final = 150
+GENERATION_SKIP: Final = "written for API generation "
 # The inner run's whole configuration: the markers the scenarios use and the per-test timeout.
 INNER_INI: Final = """[pytest]
 timeout = 300
@@ -192,7 +195,13 @@ def classify(record: Mapping[str, Any]) -> str:
         return "pass"
     if outcome == "skipped":
         missing = record.get("not_applicable") or []
-        return f"not applicable: {', '.join(missing)}" if missing else "skipped"
+        if missing:
+            return f"not applicable: {', '.join(missing)}"
+        # `@pytest.mark.api_generation` (harness.plugin.core): a scenario of the other generation's objects.
+        message = str(record.get("message") or "")
+        if GENERATION_SKIP in message:
+            return f"not applicable: API generation {message.split(GENERATION_SKIP, 1)[1].split(',', 1)[0]}"
+        return "skipped"
     if outcome != "failed" or record.get("stack_start_failed"):
         return "FAIL"  # an error setting up a scenario is never a behaviour difference
     if record.get("departure"):
@@ -276,6 +285,7 @@ def render(command: str, rows: Sequence[Row], out: TextIO | None = None) -> None
             for row in rows
             if row.result.startswith("not applicable: ")
             for name in row.result.removeprefix("not applicable: ").split(",")
+            if name.strip() in departures.CAPABILITIES
         }
     )
     if lacking:

@@ -71,6 +71,7 @@ V0_3: Final = FlagProfile(
     verbosity="-v",
     # v0.3.0 reads vllm:gpu_cache_usage_perc by default; vLLM >= 0.10 (and the simulators) publish this.
     metric_args=("--kvCacheUsagePercentageMetric=vllm:kv_cache_usage_perc",),
+    lacks=frozenset({"leader-election"}),  # v0.3.0 has no HA mode (upstream #1264 came later)
 )
 V1: Final = FlagProfile(
     name="v1",
@@ -108,6 +109,7 @@ LWEPP: Final = FlagProfile(
             "model-aware-routing",
             "request-metrics",
             "request-validation",
+            "leader-election",  # no --ha-enable-leader-election
         }
     ),
 )

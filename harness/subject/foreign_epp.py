@@ -240,6 +240,7 @@ class ForeignEpp(EppProcessIdentity):
     _fixed: list[PortReservation] = field(default_factory=list, init=False)
     _process: ManagedProcess | None = field(default=None, init=False)
     _cert_dir: Path | None = field(default=None, init=False)
+    _owns_cert_dir: bool = field(default=True, init=False)  # False in a replica: the first one's
     _ca_pem: bytes = field(default=b"", init=False)
 
     def argv(self) -> list[str]:
@@ -361,8 +362,19 @@ class ForeignEpp(EppProcessIdentity):
         self._ports.clear()
         self._fixed.clear()
         if self._cert_dir is not None:
-            shutil.rmtree(self._cert_dir, ignore_errors=True)
+            if self._owns_cert_dir:
+                shutil.rmtree(self._cert_dir, ignore_errors=True)
             self._cert_dir = None
+
+    def replica(self) -> ForeignEpp:
+        """Another process of this command (not started) for the same pool, with the same flags,
+        environment and serving certificate: a second pod of one Deployment behind one Service name.
+        This one must be started first (it makes the certificate) and closed last (it removes it)."""
+        if self._cert_dir is None:
+            raise RuntimeError("start the first replica before making another (it owns the certificate)")
+        other = dataclasses.replace(self)
+        other._cert_dir, other._ca_pem, other._owns_cert_dir = self._cert_dir, self._ca_pem, False
+        return other
 
     # ---- what the harness reads ------------------------------------------------------------------
 

@@ -47,6 +47,10 @@ UPSTREAM_BUGS: Final[dict[str, str]] = {
         "inference_model_request_error_total is registered but never incremented (v0.3.0)"
     ),
     "713-resync-adds-deleting-pods": "a pool resync adds pods already marked for deletion (upstream #713)",
+    "1275-objects-bind-by-pool-name": (
+        "objectives and models bound to a same-named pool of the other API group apply to this one "
+        "(upstream #1275; v0.3.0 ignores poolRef.group)"
+    ),
 }
 
 
@@ -59,6 +63,10 @@ CAPABILITIES: Final[dict[str, str]] = {
     ),
     "request-metrics": "publishes per-request metrics on its /metrics",
     "request-validation": "parses the OpenAI body and refuses a malformed one with 400",
+    "leader-election": (
+        "--ha-enable-leader-election: only the Lease holder reports SERVING, and the next replica takes "
+        "over when it goes"
+    ),
 }
 
 

@@ -12,8 +12,8 @@ restart must not pass.
 Both API generations, read from their own fields: v1alpha2 (a plain-map selector,
 ``targetPortNumber``, InferenceModels claiming ``modelName``) and v1 (``selector.matchLabels``,
 ``targetPorts``: one endpoint per pod and port; InferenceModelRewrites whose Exact matches claim a
-model name, the oldest rewrite winning as the oldest InferenceModel did; ``poolRef`` binds by group
-too, upstream #1275). The pool's group tells which one a pool object is.
+model name, the oldest rewrite winning as the oldest InferenceModel did). In both, ``poolRef`` binds
+by group too (upstream #1275; v0.3.0 ignored it). The pool's group tells which one a pool object is.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from harness.cluster.releases import V1
+from harness.cluster.releases import V1, V1ALPHA2
 
 if TYPE_CHECKING:
     from harness.cluster.kube import Kube
@@ -121,7 +121,8 @@ def expected_state(
         ref = m["spec"].get("poolRef") or {}
         if ref.get("name") != pool_name:
             continue
-        if v1 and ref.get("group", V1.pool_group) != V1.pool_group:
+        group = V1.pool_group if v1 else V1ALPHA2.pool_group
+        if ref.get("group", group) != group:  # both generations bind by group too (upstream #1275)
             continue
         for model_name in _claimed_names(m, v1):
             claimants.setdefault(model_name, []).append(m)

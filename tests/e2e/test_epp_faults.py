@@ -107,7 +107,7 @@ def logged_at(log: str, fragment: str) -> datetime.datetime:
 
 
 def test_sigterm_drains_a_replica_without_failing_a_request(replicas: EppReplicas) -> None:
-    draining = replicas.replicas[0]
+    draining = replicas.ours(0)
     with ClosedLoopLoad(f"{replicas.base_url}/completions", long_request, concurrency=IN_FLIGHT) as load:
         steady(load, 0.0, IN_FLIGHT)
         assert routed_by(draining) > 0, "Envoy spreads streams over both replicas"
@@ -142,7 +142,7 @@ def test_sigterm_drains_a_replica_without_failing_a_request(replicas: EppReplica
 def test_sigkill_costs_at_most_the_requests_in_flight_and_a_restart_rebuilds_the_state(
     replicas: EppReplicas,
 ) -> None:
-    victim = replicas.replicas[0]
+    victim = replicas.ours(0)
     with ClosedLoopLoad(f"{replicas.base_url}/completions", short_request, concurrency=IN_FLIGHT) as load:
         steady(load, 0.0)
         killed_at = time.monotonic()

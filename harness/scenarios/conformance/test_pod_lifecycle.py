@@ -4,6 +4,7 @@ Stack: they change pods."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import openai
@@ -35,8 +36,13 @@ REQUESTS_AFTER_REMOVAL = 20
 
 
 def send(client: openai.OpenAI) -> str:
-    """One request; the ``ip:port`` of the simulator that answered it."""
-    raw = client.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=1)
+    """One request; the ``ip:port`` of the simulator that answered it.
+
+    Each prompt is new: a picker with prefix-cache affinity (llm-d-router's default) rightly keeps a
+    repeated prompt on the pod that has it cached, and whether both pods are members is the
+    question here, not whether the EPP spreads one prompt."""
+    prompt = f"lifecycle {uuid.uuid4().hex}"
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=1)
     return served_by(raw.headers)
 
 

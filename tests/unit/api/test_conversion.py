@@ -118,12 +118,23 @@ def test_objective_binds_by_group_kind_and_name(
     )
 
 
-def test_inference_model_binds_by_name_alone_as_in_v0_3() -> None:
-    """v0.3.0 ignores poolRef.group and kind (epp-behaviour.md §1): the model binds to the v1alpha2 pool."""
-    obj = ModelBuilder("m").namespace("ns1").model_name("llama").pool("pool").build()
-    obj["spec"]["poolRef"]["group"] = "somewhere.else"
+@pytest.mark.parametrize(
+    ("group", "binds"),
+    [
+        pytest.param(None, True, id="unset-is-this-generation"),
+        pytest.param(V1ALPHA2_GROUP, True, id="explicit-x-k8s"),
+        pytest.param(V1_GROUP, False, id="same-named-v1-pool-issue-1275"),
+    ],
+)
+def test_inference_model_binds_by_group_and_name(group: str | None, binds: bool) -> None:
+    """v0.3.0 ignored poolRef.group (epp-behaviour.md §1): a model of the same-named v1 pool bound to
+    the v1alpha2 one (upstream #1275). The group is kept; ``kind`` is still ignored, as in v0.3.0."""
+    builder = ModelBuilder("m").namespace("ns1").model_name("llama")
+    obj = (builder.pool("pool") if group is None else builder.pool("pool", group=group)).build()
+    obj["spec"]["poolRef"]["kind"] = "SomethingElse"
     model = v1alpha2.model_from_api(obj)
-    assert model.pool_ref == PoolRef(V1ALPHA2_GROUP, "pool")
+    pool = v1alpha2.pool_from_api(PoolBuilder("pool").namespace("ns1").selector(app="x").port(1).build())
+    assert pool.binds(model.pool_ref) is binds
 
 
 # --- InferenceObjective -------------------------------------------------------------------------

@@ -84,6 +84,17 @@ def test_a_setup_error_is_a_failure_even_for_a_departure() -> None:
     assert classify(stack_never_started) == "FAIL"
 
 
+def test_a_scenario_of_the_other_api_generation_is_not_applicable() -> None:
+    """``@pytest.mark.api_generation("v1")`` in a v1alpha2 run (harness.plugin.core's skip text)."""
+    record = {
+        "outcome": "skipped",
+        "not_applicable": [],
+        "message": "Skipped: not applicable: written for API generation v1, this run is v1alpha2",
+    }
+    assert classify(record) == "not applicable: API generation v1"
+    assert classify({"outcome": "skipped", "not_applicable": [], "message": "Skipped: no"}) == "skipped"
+
+
 def test_the_report_shows_evidence_for_failures_only() -> None:
     rows = [
         Row("test_a::pass", "pass", "", ""),
