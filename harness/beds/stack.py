@@ -356,13 +356,11 @@ class Stack(StartStop):
 def gateway_options(options: EnvoyOptions, pool: Mapping[str, Any]) -> EnvoyOptions:
     """`options` as a gateway sets Envoy up for `pool`: h2c towards the model servers when its
     `appProtocol` says so, fail-open when its EPP reference says FailOpen (else as `options` say)."""
-    return dataclasses.replace(
-        options,
-        model_server_protocol=APP_PROTOCOL_H2C
-        if pool_app_protocol(pool) == APP_PROTOCOL_H2C
-        else options.model_server_protocol,
-        failure_mode_allow=options.failure_mode_allow or pool_fails_open(pool),
+    protocol = (
+        APP_PROTOCOL_H2C if pool_app_protocol(pool) == APP_PROTOCOL_H2C else options.model_server_protocol
     )
+    fail_open = options.failure_mode_allow or pool_fails_open(pool)
+    return dataclasses.replace(options, model_server_protocol=protocol, failure_mode_allow=fail_open)
 
 
 def fallback_args(options: EnvoyOptions) -> list[str]:
