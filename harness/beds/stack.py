@@ -47,6 +47,8 @@ BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # How long a Stack waits for another EPP on this host to free a port it always binds (upstream's :8080).
 FIXED_PORT_WAIT_S = 900.0
 EVIDENCE_REQUESTS = 12
+# The capability (`harness.verdicts.departures.CAPABILITIES`) of serving a model name as its targets.
+MODEL_AWARE_ROUTING = "model-aware-routing"
 EVIDENCE_NOTE = "conformance evidence (the Stack failed to start):"
 
 
@@ -187,15 +189,21 @@ class Stack(StartStop):
             self.pool_endpoints = PoolEndpointsFollower(
                 cluster.kube, opts.namespace, opts.pool_name, self.envoy.set_model_server_endpoints
             ).start()
-        self.traffic = TrafficOracle(
-            self.base_url, cluster, opts.probe_model or probe_model(opts.models, opts.sim_config.model)
-        )
+        self.traffic = TrafficOracle(self.base_url, cluster, opts.probe_model or self._probe_model())
         if opts.apply_pool:
             self.wait_serving()
             if self.white_box:
                 self.wait_pods_scraped(opts.pods)
             else:
                 self.traffic.eventually_routes_to(timeout=60.0)
+
+    def _probe_model(self) -> str | None:
+        """The model membership probes ask for (`probe_model`); for an EPP that reads no model
+        objects (lwepp: no body rewrite), the pods' base model itself, which they serve as is."""
+        opts = self.options
+        if opts.epp_command is not None and MODEL_AWARE_ROUTING in opts.epp_command.lacks:
+            return opts.sim_config.model
+        return probe_model(opts.models, opts.sim_config.model)
 
     def stop(self) -> None:
         try:

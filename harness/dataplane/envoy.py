@@ -133,6 +133,7 @@ with warnings.catch_warnings():
         VirtualHost,
     )
     from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
+    from envoy_data_plane.envoy.extensions.filters.http.buffer.v3 import Buffer
     from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
         ExternalProcessor,
         MetadataOptions,
@@ -218,7 +219,7 @@ BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "FULL_DUPLEX_STREAMED"]
 ModelServerProtocol = Literal["http", "kubernetes.io/h2c"]
 APP_PROTOCOL_HTTP: Final = "http"
 APP_PROTOCOL_H2C: Final = "kubernetes.io/h2c"
-RequestBodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
+RequestBodyMode = Literal["BUFFERED", "STREAMED", "FULL_DUPLEX_STREAMED"]
 HeaderMode = Literal["SEND", "SKIP"]
 # The proxy's subset hint (upstream v1 protocol): request metadata the EPP reads.
 SUBSET_HINT_NAMESPACE: Final = "envoy.lb.subset_hint"
@@ -326,6 +327,15 @@ class EnvoyOptions:
     # EPP cannot be reached; FailOpen (True) lets the request through to the cluster's own load
     # balancing, which only a list-aware cluster has (ORIGINAL_DST has no address without the EPP).
     failure_mode_allow: bool = False
+    # STREAMED request bodies: send the body chunks without waiting for the EPP's reply to the
+    # headers (Envoy's `send_body_without_waiting_for_header_response`), for an EPP that answers
+    # the headers only once the body is complete and CONTINUEs every chunk (lwepp v1.6.0).
+    body_before_header_response: bool = False
+    # Buffer the whole request body before ext_proc sees it (Envoy's buffer filter, up to
+    # `buffer_limit_bytes`), so a full-duplex EPP gets it as one chunk that ends the stream: for an
+    # EPP that answers every chunk before its headers reply (lwepp v1.6.0), which Envoy refuses as a
+    # `spurious_message` when the body comes in pieces.
+    buffer_request_body: bool = False
 
     @property
     def list_aware(self) -> bool:
@@ -345,6 +355,20 @@ class EnvoyOptions:
             "response_header_mode": "SEND",
             "message_timeout_s": V1_MESSAGE_TIMEOUT_S,
             "follow_pool_endpoints": True,
+        }
+        return cls(**{**settings, **overrides})
+
+    @classmethod
+    def lwepp(cls, **overrides: Any) -> EnvoyOptions:
+        """What lwepp v1.6.0's ext_proc replies need from plain Envoy (1.40): it defers its headers
+        reply until the body is complete and CONTINUEs every body chunk, which Envoy refuses in full
+        duplex. So: the body buffered whole (one chunk that ends the stream), sent STREAMED without
+        waiting for the headers' reply, and the v1 message timeout. `overrides` are any other fields."""
+        settings: dict[str, Any] = {
+            "request_body_mode": "STREAMED",
+            "body_before_header_response": True,
+            "buffer_request_body": True,
+            "message_timeout_s": V1_MESSAGE_TIMEOUT_S,
         }
         return cls(**{**settings, **overrides})
 
@@ -394,6 +418,7 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE]),
         ),
         allow_content_length_header=duplex,
+        send_body_without_waiting_for_header_response=options.body_before_header_response,
     )
 
 
@@ -485,6 +510,14 @@ def model_server_protocol_options(protocol: ModelServerProtocol) -> dict[str, An
         )
     )
     return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": AnyProto.pack(options)}
+
+
+def request_buffer_filter(limit_bytes: int) -> HttpFilter:
+    """Envoy's buffer filter: the whole request body (up to `limit_bytes`, else 413) before the next
+    filter sees it, which then gets it in one piece, ending the stream."""
+    return HttpFilter(
+        name="envoy.filters.http.buffer", typed_config=AnyProto.pack(Buffer(max_request_bytes=limit_bytes))
+    )
 
 
 def subset_hint_filter(header_name: str) -> HttpFilter:
@@ -704,6 +737,8 @@ def build_bootstrap(
             name="envoy.filters.http.ext_proc", typed_config=AnyProto.pack(ext_proc_filter(options))
         )
         http_filters.insert(0, ext_proc)
+        if options.buffer_request_body:
+            http_filters.insert(0, request_buffer_filter(options.buffer_limit_bytes))
         if options.subset_hint_header:
             http_filters.insert(0, subset_hint_filter(options.subset_hint_header))
     hcm = HttpConnectionManager(
