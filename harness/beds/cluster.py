@@ -147,19 +147,25 @@ class Cluster:
         selector: Mapping[str, str] | None = None,
         port: int | Sequence[int] = DEFAULT_PORT,
         name: str | None = None,
+        *,
+        app_protocol: str | None = None,
+        failure_mode: str | None = None,
     ) -> JsonObject:
         """Create the pool, or replace its spec if it exists (selector and port changes). Several
-        ports are a v1 pool's ``targetPorts``."""
+        ports are a v1 pool's ``targetPorts``; ``app_protocol`` its ``appProtocol`` (v1 only) and
+        ``failure_mode`` its EPP reference's ``failureMode`` (both left to the CRD's default if None)."""
         name = name or self.pool_name
         ports = [port] if isinstance(port, int) else list(port)
-        body = (
+        builder = (
             PoolBuilder(name)
             .namespace(self.namespace)
             .selector(dict(selector or {DEFAULT_APP_LABEL: name}))
             .ports(*ports)
-            .extension_ref("epp")
-            .build(self.generation)
+            .extension_ref("epp", failure_mode=failure_mode)
         )
+        if app_protocol is not None:
+            builder.app_protocol(app_protocol)
+        body = builder.build(self.generation)
         if name == self.pool_name:
             self.port = ports[0]
         existing = _named(self.kube.pools.list(self.namespace), name)

@@ -15,6 +15,7 @@ white-box observer reads it; otherwise (``white_box`` False) membership is judge
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import urllib.request
@@ -25,6 +26,7 @@ from typing import Any
 
 from kubernetes import client
 
+from epp.config import RECOMMENDED_DESTINATION_FALLBACKS
 from harness.base.eventually import eventually
 from harness.base.lifecycle import StartStop
 from harness.base.ports import LOOPBACK
@@ -32,7 +34,8 @@ from harness.beds.cluster import Cluster
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.metrics_access import MetricsReader
 from harness.cluster.namespaces import create_namespace
-from harness.dataplane.envoy import Envoy, EnvoyOptions
+from harness.dataplane.envoy import APP_PROTOCOL_H2C, Envoy, EnvoyOptions
+from harness.dataplane.pool_endpoints import PoolEndpointsFollower, pool_app_protocol, pool_fails_open
 from harness.sim import SimConfig
 from harness.subject.epp_probe import datastore_view
 from harness.subject.epp_process import EppProcess
@@ -45,6 +48,8 @@ BASE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # How long a Stack waits for another EPP on this host to free a port it always binds (upstream's :8080).
 FIXED_PORT_WAIT_S = 900.0
 EVIDENCE_REQUESTS = 12
+# The capability (`harness.verdicts.departures.CAPABILITIES`) of serving a model name as its targets.
+MODEL_AWARE_ROUTING = "model-aware-routing"
 EVIDENCE_NOTE = "conformance evidence (the Stack failed to start):"
 
 
@@ -101,6 +106,11 @@ class StackOptions:
     # The identity the EPP runs as (a kubeconfig, e.g. of a ServiceAccount with a narrow Role); None:
     # the run's admin kubeconfig. The Stack's own writes always go as the admin.
     epp_kubeconfig: Path | None = None
+    # The pool's `appProtocol` and its EPP reference's `failureMode` (None: the CRD's defaults, `http`
+    # and `FailClose`). Envoy is set up from the pool as applied, as a gateway is: h2c towards the
+    # model servers, `failure_mode_allow` for FailOpen.
+    app_protocol: str | None = None
+    failure_mode: str | None = None
 
 
 class Stack(StartStop):
@@ -116,6 +126,7 @@ class Stack(StartStop):
         self.epp: EppProcess | None = None  # ours (None when the Stack runs ``epp_command``)
         self.epp_process: EppProcess | ForeignEpp | None = None  # the EPP under test, whichever it is
         self.envoy: Envoy | None = None
+        self.pool_endpoints: PoolEndpointsFollower | None = None
         self.traffic: TrafficOracle | None = None
         self._metrics_reader: MetricsReader | None = None
 
@@ -132,8 +143,10 @@ class Stack(StartStop):
             self._api, opts.namespace, barrier=self.settle_barrier, pool_name=opts.pool_name,
             sim_config=opts.sim_config,
         )  # fmt: skip
+        envoy_options = opts.envoy
         if opts.apply_pool:
-            cluster.apply_pool()
+            pool = cluster.apply_pool(app_protocol=opts.app_protocol, failure_mode=opts.failure_mode)
+            envoy_options = gateway_options(envoy_options, pool)
             for model in opts.models:
                 cluster.apply_model(
                     model.name, model.model_name, criticality=model.criticality, targets=model.targets
@@ -148,7 +161,7 @@ class Stack(StartStop):
                 opts.namespace,
                 kubeconfig,
                 # One body limit for both: Envoy's buffer and the EPP's 413 (epp_args may still override).
-                extra_args=[body_limit, *opts.epp_args],
+                extra_args=[body_limit, *fallback_args(envoy_options), *opts.epp_args],
                 extra_env=dict(opts.epp_env),
             )
         else:
@@ -159,7 +172,7 @@ class Stack(StartStop):
                 opts.namespace,
                 kubeconfig,
                 extra_args=[*sim_metric_args(command), *opts.epp_args],
-                ours_args=[body_limit, "--shutdownDelay=0s"],
+                ours_args=[body_limit, "--shutdownDelay=0s", *fallback_args(envoy_options)],
                 extra_env=dict(opts.epp_env),
                 # Fixed ports (upstream's :8080) are shared by every such EPP on the host: wait for
                 # the one holding them instead of failing (xdist workers then take turns).
@@ -173,13 +186,15 @@ class Stack(StartStop):
             self.observer = EppObserver(
                 cluster.kube, opts.namespace, opts.pool_name, self.settle_barrier, view
             )
-        envoy = opts.envoy if opts.epp_command is None else opts.epp_command.envoy_options(opts.envoy)
+        envoy = envoy_options if opts.epp_command is None else opts.epp_command.envoy_options(envoy_options)
         make_envoy = opts.envoy_factory or Envoy
         self.envoy = make_envoy(process.ext_proc_address, options=envoy, ext_proc_tls=process.ext_proc_tls)
         self.envoy.start()
-        self.traffic = TrafficOracle(
-            self.base_url, cluster, opts.probe_model or probe_model(opts.models, opts.sim_config.model)
-        )
+        if envoy.follow_pool_endpoints:
+            self.pool_endpoints = PoolEndpointsFollower(
+                cluster.kube, opts.namespace, opts.pool_name, self.envoy.set_model_server_endpoints
+            ).start()
+        self.traffic = TrafficOracle(self.base_url, cluster, opts.probe_model or self._probe_model())
         if opts.apply_pool:
             self.wait_serving()
             if self.white_box:
@@ -187,8 +202,19 @@ class Stack(StartStop):
             else:
                 self.traffic.eventually_routes_to(timeout=60.0)
 
+    def _probe_model(self) -> str | None:
+        """The model membership probes ask for (`probe_model`); for an EPP that reads no model
+        objects (lwepp: no body rewrite), the pods' base model itself, which they serve as is."""
+        opts = self.options
+        if opts.epp_command is not None and MODEL_AWARE_ROUTING in opts.epp_command.lacks:
+            return opts.sim_config.model
+        return probe_model(opts.models, opts.sim_config.model)
+
     def stop(self) -> None:
         try:
+            if self.pool_endpoints is not None:
+                self.pool_endpoints.stop()
+                self.pool_endpoints = None
             if self.envoy is not None:
                 self.envoy.stop()
                 self.envoy = None
@@ -338,6 +364,25 @@ class Stack(StartStop):
             assert len(fresh) == count, f"{len(fresh)}/{count} pods scraped"
 
         eventually(scraped, timeout=timeout, message="EPP scraped every pod")
+
+
+def gateway_options(options: EnvoyOptions, pool: Mapping[str, Any]) -> EnvoyOptions:
+    """`options` as a gateway sets Envoy up for `pool`: h2c towards the model servers when its
+    `appProtocol` says so, fail-open when its EPP reference says FailOpen (else as `options` say)."""
+    protocol = (
+        APP_PROTOCOL_H2C if pool_app_protocol(pool) == APP_PROTOCOL_H2C else options.model_server_protocol
+    )
+    fail_open = options.failure_mode_allow or pool_fails_open(pool)
+    return dataclasses.replace(options, model_server_protocol=protocol, failure_mode_allow=fail_open)
+
+
+def fallback_args(options: EnvoyOptions) -> list[str]:
+    """Our EPP's flag for the fallbacks a list-aware Envoy walks (none for one that reads one address)."""
+    return (
+        [f"--destination-endpoint-fallbacks={RECOMMENDED_DESTINATION_FALLBACKS}"]
+        if options.list_aware
+        else []
+    )
 
 
 def probe_model(models: Sequence[ModelSpec], base_model: str = BASE_MODEL) -> str | None:

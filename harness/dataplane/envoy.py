@@ -4,8 +4,8 @@ The bootstrap is built from the typed Envoy API objects of ``envoy-data-plane`` 
 and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc spike notes):
 
 * listener on 127.0.0.1 → HTTP connection manager → ext_proc filter → router;
-* ext_proc is fail-closed (``failure_mode_allow: false``): with the EPP down a request gets a 5xx
-  instead of being sent wherever a client header says;
+* ext_proc is fail-closed by default (``failure_mode_allow: false``): with the EPP down a request
+  gets a 5xx instead of being sent wherever a client header says;
 * ``metadata_options.receiving_namespaces.untyped: [envoy.lb]``: without it Envoy silently drops the
   dynamic metadata the EPP returns;
 * the request goes to the EPP in BUFFERED mode by default, as DESIGN.md §2 decides (request headers
@@ -25,9 +25,18 @@ and written as JSON for ``envoy -c``. What it sets up, and why (see the ext_proc
   (it reads one address: an EPP must send no fallbacks); with ``EnvoyOptions.model_server_endpoints``
   instead a list-aware gateway: a STATIC cluster of those endpoints with Envoy's override_host policy,
   which takes the EPP's comma list from the same metadata and retries on its fallbacks;
+  ``EnvoyOptions.follow_pool_endpoints``: the same, its endpoints from a file (EDS) that
+  `Envoy.set_model_server_endpoints` rewrites as the pool's Ready pods and target ports change
+  (`harness.dataplane.pool_endpoints`, which the Stack runs);
 * ``EnvoyOptions.v1()``: the v1 protocol as upstream's test envoy.yaml sets it (both bodies
-  FULL_DUPLEX_STREAMED, response headers and trailers SEND, message_timeout 1000 s);
-  ``subset_hint_header`` turns a test header into the subset hint metadata the EPP reads;
+  FULL_DUPLEX_STREAMED, response headers and trailers SEND, message_timeout 1000 s), with the
+  list-aware cluster that follows the pool, so the EPP's fallbacks are honoured (upstream's
+  ORIGINAL_DST reads one address); ``subset_hint_header`` turns a test header into the subset hint
+  metadata the EPP reads;
+* the pool's ``appProtocol`` (``EnvoyOptions.model_server_protocol``): ``kubernetes.io/h2c`` makes
+  the model servers' cluster HTTP/2 with prior knowledge, ``http`` leaves it HTTP/1.1; its
+  ``failureMode`` (``EnvoyOptions.failure_mode_allow``): FailOpen lets a request through when the
+  EPP cannot be reached (only a list-aware cluster then has somewhere to send it);
 * ``per_connection_buffer_limit_bytes`` = the EPP's body limit (16 MiB by default, both sides), so
   a BUFFERED multi-MiB prompt passes and a bigger one gets the same readable 413 from either. The
   EPP derives its gRPC message limit from the same number (grpcio's 4 MiB default would otherwise
@@ -124,6 +133,7 @@ with warnings.catch_warnings():
         VirtualHost,
     )
     from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
+    from envoy_data_plane.envoy.extensions.filters.http.buffer.v3 import Buffer
     from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
         ExternalProcessor,
         MetadataOptions,
@@ -186,6 +196,7 @@ CLIENT_ENVOY_PREFIX: Final = "x-envoy-"
 EXT_PROC_CLUSTER: Final = "ext_proc"
 _CLUSTER_LOAD_ASSIGNMENT_TYPE: Final = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 _EDS_FILE: Final = "ext_proc_endpoints.json"
+_MODEL_EDS_FILE: Final = "model_server_endpoints.json"
 MODEL_SERVERS_CLUSTER: Final = "model_servers"
 # Retries of ext_proc streams in flight at once (Envoy's default of 3 turns most of them away when a
 # replica dies under load).
@@ -203,7 +214,12 @@ ACCESS_LOG_FLUSH_MS: Final = 100
 _HOT_RESTART_SHM_PREFIX: Final = "/dev/shm/envoy_shared_memory_"
 
 BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "FULL_DUPLEX_STREAMED"]
-RequestBodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
+# How Envoy talks to the model servers: an InferencePool v1's `appProtocol` (`http` is HTTP/1.1,
+# `kubernetes.io/h2c` HTTP/2 without TLS, prior knowledge).
+ModelServerProtocol = Literal["http", "kubernetes.io/h2c"]
+APP_PROTOCOL_HTTP: Final = "http"
+APP_PROTOCOL_H2C: Final = "kubernetes.io/h2c"
+RequestBodyMode = Literal["BUFFERED", "STREAMED", "FULL_DUPLEX_STREAMED"]
 HeaderMode = Literal["SEND", "SKIP"]
 # The proxy's subset hint (upstream v1 protocol): request metadata the EPP reads.
 SUBSET_HINT_NAMESPACE: Final = "envoy.lb.subset_hint"
@@ -300,16 +316,58 @@ class EnvoyOptions:
     # of them, on connect failure or reset). Empty: ORIGINAL_DST, which reads one address only.
     model_server_endpoints: tuple[str, ...] = ()
     fallback_retries: int = 2
+    # The same list-aware gateway, its endpoints from a file Envoy watches (file-based EDS) that
+    # `Envoy.set_model_server_endpoints` rewrites: how a gateway follows an InferencePool's ready pods
+    # and target ports (the Stack runs `harness.dataplane.pool_endpoints.PoolEndpointsFollower`).
+    # `model_server_endpoints` are then only the first content of that file.
+    follow_pool_endpoints: bool = False
+    # The pool's `appProtocol`: HTTP/1.1, or h2c towards every model server.
+    model_server_protocol: ModelServerProtocol = APP_PROTOCOL_HTTP
+    # The pool's `endpointPickerRef.failureMode`: FailClose (False, the default) answers 5xx when the
+    # EPP cannot be reached; FailOpen (True) lets the request through to the cluster's own load
+    # balancing, which only a list-aware cluster has (ORIGINAL_DST has no address without the EPP).
+    failure_mode_allow: bool = False
+    # STREAMED request bodies: send the body chunks without waiting for the EPP's reply to the
+    # headers (Envoy's `send_body_without_waiting_for_header_response`), for an EPP that answers
+    # the headers only once the body is complete and CONTINUEs every chunk (lwepp v1.6.0).
+    body_before_header_response: bool = False
+    # Buffer the whole request body before ext_proc sees it (Envoy's buffer filter, up to
+    # `buffer_limit_bytes`), so a full-duplex EPP gets it as one chunk that ends the stream: for an
+    # EPP that answers every chunk before its headers reply (lwepp v1.6.0), which Envoy refuses as a
+    # `spurious_message` when the body comes in pieces.
+    buffer_request_body: bool = False
+
+    @property
+    def list_aware(self) -> bool:
+        """Whether the model servers' cluster walks the EPP's comma list (override_host)."""
+        return bool(self.model_server_endpoints) or self.follow_pool_endpoints
 
     @classmethod
     def v1(cls, **overrides: Any) -> EnvoyOptions:
         """The v1 protocol as upstream's test envoy.yaml deploys it (v1.0.0 … v1.5.0): request and
         response headers SEND, both bodies FULL_DUPLEX_STREAMED, trailers SEND both ways,
-        message_timeout 1000 s. `overrides` are any other fields."""
+        message_timeout 1000 s; and, beyond upstream's ORIGINAL_DST cluster (one address), a
+        list-aware cluster that follows the pool and moves to the EPP's next endpoint when one
+        refuses the connection. `overrides` are any other fields."""
         settings: dict[str, Any] = {
             "request_body_mode": "FULL_DUPLEX_STREAMED",
             "response_body_mode": "FULL_DUPLEX_STREAMED",
             "response_header_mode": "SEND",
+            "message_timeout_s": V1_MESSAGE_TIMEOUT_S,
+            "follow_pool_endpoints": True,
+        }
+        return cls(**{**settings, **overrides})
+
+    @classmethod
+    def lwepp(cls, **overrides: Any) -> EnvoyOptions:
+        """What lwepp v1.6.0's ext_proc replies need from plain Envoy (1.40): it defers its headers
+        reply until the body is complete and CONTINUEs every body chunk, which Envoy refuses in full
+        duplex. So: the body buffered whole (one chunk that ends the stream), sent STREAMED without
+        waiting for the headers' reply, and the v1 message timeout. `overrides` are any other fields."""
+        settings: dict[str, Any] = {
+            "request_body_mode": "STREAMED",
+            "body_before_header_response": True,
+            "buffer_request_body": True,
             "message_timeout_s": V1_MESSAGE_TIMEOUT_S,
         }
         return cls(**{**settings, **overrides})
@@ -342,7 +400,7 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
             timeout=_seconds(options.ext_proc_timeout_s),
             retry_policy=ext_proc_retry_policy(options.ext_proc_retries),
         ),
-        failure_mode_allow=False,
+        failure_mode_allow=options.failure_mode_allow,
         # The EPP itself never answers 502, so a 502 local reply means "no answer from the picker";
         # `gateway_error_replies()` gives it a body a client can read.
         status_on_error=HttpStatus(code=StatusCode.BadGateway),
@@ -360,14 +418,15 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
             receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[DESTINATION_NAMESPACE]),
         ),
         allow_content_length_header=duplex,
+        send_body_without_waiting_for_header_response=options.body_before_header_response,
     )
 
 
-def override_host_cluster(options: EnvoyOptions) -> Cluster:
-    """The model servers as a list-aware gateway has them: a STATIC cluster of the pool's endpoints
-    whose override_host policy reads the EPP's comma list from `envoy.lb` metadata (never a client
-    header); with no list it falls back to round robin (the fail-closed EPP always sends one)."""
-    endpoints = [_split_host_port(e) for e in options.model_server_endpoints]
+def override_host_cluster(options: EnvoyOptions, endpoints_path: Path | None = None) -> Cluster:
+    """The model servers as a list-aware gateway has them: a cluster of the pool's endpoints (STATIC,
+    or from `endpoints_path` by file-based EDS) whose override_host policy reads the EPP's comma list
+    from `envoy.lb` metadata (never a client header); with no list it falls back to round robin (the
+    fail-closed EPP always sends one; a fail-open Envoy without its EPP relies on it)."""
     fallback = LoadBalancingPolicy(
         policies=[
             LoadBalancingPolicyPolicy(
@@ -387,7 +446,7 @@ def override_host_cluster(options: EnvoyOptions) -> Cluster:
         ],
         fallback_policy=fallback,
     )
-    return Cluster(
+    cluster = Cluster(
         name=MODEL_SERVERS_CLUSTER,
         type=ClusterDiscoveryType.STATIC,
         connect_timeout=_seconds(options.connect_timeout_s),
@@ -402,14 +461,62 @@ def override_host_cluster(options: EnvoyOptions) -> Cluster:
                 )
             ]
         ),
-        load_assignment=ClusterLoadAssignment(
-            cluster_name=MODEL_SERVERS_CLUSTER,
-            endpoints=[
-                LocalityLbEndpoints(
-                    lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=_socket(h, p))) for h, p in endpoints]
-                )
-            ],
-        ),
+        load_assignment=model_server_assignment(options.model_server_endpoints),
+    )
+    if endpoints_path is not None:
+        cluster.type = ClusterDiscoveryType.EDS
+        cluster.load_assignment = None
+        cluster.eds_cluster_config = _file_eds(endpoints_path)
+    return cluster
+
+
+def model_server_assignment(endpoints: Sequence[str]) -> ClusterLoadAssignment:
+    """The model servers' cluster load assignment: one endpoint per "ip:port"."""
+    hosts = [_split_host_port(e) for e in endpoints]
+    return ClusterLoadAssignment(
+        cluster_name=MODEL_SERVERS_CLUSTER,
+        endpoints=[
+            LocalityLbEndpoints(
+                lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=_socket(h, p))) for h, p in hosts]
+            )
+        ],
+    )
+
+
+def _file_eds(path: Path) -> ClusterEdsClusterConfig:
+    """Endpoints read from `path`, reloaded whenever a file is renamed into its directory."""
+    return ClusterEdsClusterConfig(
+        eds_config=ConfigSource(
+            path_config_source=PathConfigSource(
+                path=str(path), watched_directory=WatchedDirectory(path=str(path.parent))
+            ),
+            resource_api_version=ApiVersion.V3,
+        )
+    )
+
+
+def model_server_protocol_options(protocol: ModelServerProtocol) -> dict[str, AnyProto]:
+    """The model servers' cluster's HTTP protocol options: none for `http` (Envoy's default is
+    HTTP/1.1), HTTP/2 with prior knowledge (h2c, no TLS on this cluster) for `kubernetes.io/h2c`."""
+    if protocol == APP_PROTOCOL_HTTP:
+        return {}
+    if protocol != APP_PROTOCOL_H2C:
+        raise ValueError(
+            f"unknown appProtocol {protocol!r}: expected {APP_PROTOCOL_HTTP!r} or {APP_PROTOCOL_H2C!r}"
+        )
+    options = HttpProtocolOptions(
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+            http2_protocol_options=Http2ProtocolOptions()
+        )
+    )
+    return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": AnyProto.pack(options)}
+
+
+def request_buffer_filter(limit_bytes: int) -> HttpFilter:
+    """Envoy's buffer filter: the whole request body (up to `limit_bytes`, else 413) before the next
+    filter sees it, which then gets it in one piece, ending the stream."""
+    return HttpFilter(
+        name="envoy.filters.http.buffer", typed_config=AnyProto.pack(Buffer(max_request_bytes=limit_bytes))
     )
 
 
@@ -554,7 +661,7 @@ def _model_servers_route(options: EnvoyOptions) -> RouteConfiguration:
     """Every path to the model servers' cluster, with the route timeout (LLM answers take long);
     behind a list-aware cluster, retries that walk the EPP's fallbacks."""
     retries = None
-    if options.model_server_endpoints and options.fallback_retries > 0:
+    if options.list_aware and options.fallback_retries > 0:
         retries = RouteRetryPolicy(
             retry_on="connect-failure,reset,refused-stream", num_retries=options.fallback_retries
         )
@@ -608,6 +715,7 @@ def build_bootstrap(
     ext_proc_tls: ExtProcTls | None = None,
     ext_proc_replicas: Sequence[ExtProcReplica] = (),
     ext_proc_endpoints_path: Path | None = None,
+    model_server_endpoints_path: Path | None = None,
 ) -> Bootstrap:
     """The whole Envoy bootstrap as typed API objects.
 
@@ -618,6 +726,7 @@ def build_bootstrap(
     `ext_proc_host`/`ext_proc_port` as the ext_proc cluster's endpoints; with
     `ext_proc_endpoints_path`, the endpoints are read from that file instead (EDS, see
     `ext_proc_endpoints_json`), and Envoy reloads it whenever a new file is renamed into its directory.
+    `model_server_endpoints_path` is the same for the model servers (`follow_pool_endpoints`).
     """
     calls_epp = options.direct_upstream is None
     if options.ext_proc_tls and calls_epp and ext_proc_tls is None:
@@ -628,6 +737,8 @@ def build_bootstrap(
             name="envoy.filters.http.ext_proc", typed_config=AnyProto.pack(ext_proc_filter(options))
         )
         http_filters.insert(0, ext_proc)
+        if options.buffer_request_body:
+            http_filters.insert(0, request_buffer_filter(options.buffer_limit_bytes))
         if options.subset_hint_header:
             http_filters.insert(0, subset_hint_filter(options.subset_hint_header))
     hcm = HttpConnectionManager(
@@ -681,15 +792,7 @@ def build_bootstrap(
     if ext_proc_endpoints_path is not None:
         ext_proc_cluster.type = ClusterDiscoveryType.EDS
         ext_proc_cluster.load_assignment = None
-        ext_proc_cluster.eds_cluster_config = ClusterEdsClusterConfig(
-            eds_config=ConfigSource(
-                path_config_source=PathConfigSource(
-                    path=str(ext_proc_endpoints_path),
-                    watched_directory=WatchedDirectory(path=str(ext_proc_endpoints_path.parent)),
-                ),
-                resource_api_version=ApiVersion.V3,
-            )
-        )
+        ext_proc_cluster.eds_cluster_config = _file_eds(ext_proc_endpoints_path)
     if options.ext_proc_retries > 0:
         # Envoy allows 3 retries in flight per cluster by default: when a replica dies, every stream
         # that was about to start on it needs one at once.
@@ -722,7 +825,11 @@ def build_bootstrap(
             )
         ),
     )
-    if options.model_server_endpoints:
+    if options.follow_pool_endpoints:
+        if model_server_endpoints_path is None:
+            raise ValueError("follow_pool_endpoints needs model_server_endpoints_path (the EDS file)")
+        model_servers = override_host_cluster(options, model_server_endpoints_path)
+    elif options.model_server_endpoints:
         model_servers = override_host_cluster(options)
     if options.direct_upstream is not None:
         upstream_host, upstream_port = _split_host_port(options.direct_upstream)
@@ -742,6 +849,9 @@ def build_bootstrap(
                 ],
             ),
         )
+    model_servers.typed_extension_protocol_options = model_server_protocol_options(
+        options.model_server_protocol
+    )
     return Bootstrap(
         node=Node(id="epp-harness-envoy", cluster="epp-harness"),
         admin=Admin(address=_socket(LOOPBACK, admin_port)),
@@ -757,6 +867,16 @@ def ext_proc_endpoints_json(replicas: Sequence[ExtProcReplica], version: int) ->
         cluster_name=EXT_PROC_CLUSTER,
         endpoints=[LocalityLbEndpoints(lb_endpoints=_ext_proc_endpoints(replicas))],
     )
+    return _eds_json(assignment, version)
+
+
+def model_server_endpoints_json(endpoints: Sequence[str], version: int) -> str:
+    """The EDS file of the model servers' cluster (`follow_pool_endpoints`)."""
+    return _eds_json(model_server_assignment(endpoints), version)
+
+
+def _eds_json(assignment: ClusterLoadAssignment, version: int) -> str:
+    """A DiscoveryResponse holding `assignment`, as file-based EDS reads it."""
     resource = {"@type": _CLUSTER_LOAD_ASSIGNMENT_TYPE, **assignment.to_dict()}
     return json.dumps({"version_info": str(version), "resources": [resource]}, indent=2)
 
@@ -833,6 +953,8 @@ class Envoy(StartStop):
         self.admin_port = 0
         self.bootstrap: Bootstrap | None = None
         self._eds_version = 0
+        self._model_eds_version = 0
+        self.model_server_endpoints: tuple[str, ...] = ()
 
     # ---- addresses -------------------------------------------------------------------------
     @property
@@ -884,6 +1006,9 @@ class Envoy(StartStop):
         if self.options.ext_proc_dynamic_endpoints:
             self._endpoints_dir().mkdir(exist_ok=True)
             self.set_ext_proc_replicas(self.ext_proc_replicas)
+        if self.options.follow_pool_endpoints:
+            self._model_endpoints_dir().mkdir(exist_ok=True)
+            self.set_model_server_endpoints(self.options.model_server_endpoints)
         self.bootstrap = self._build_bootstrap()
         config_path = self.dir / "bootstrap.json"
         config_path.write_text(bootstrap_json(self.bootstrap))
@@ -924,10 +1049,28 @@ class Envoy(StartStop):
             ext_proc_endpoints_path=(
                 self._endpoints_dir() / _EDS_FILE if self.options.ext_proc_dynamic_endpoints else None
             ),
+            model_server_endpoints_path=(
+                self._model_endpoints_dir() / _MODEL_EDS_FILE if self.options.follow_pool_endpoints else None
+            ),
         )
 
     def _endpoints_dir(self) -> Path:
         return self.dir / "eds"  # Envoy reloads on any rename into this directory: nothing else goes here
+
+    def _model_endpoints_dir(self) -> Path:
+        return self.dir / "model-eds"  # the model servers' EDS file alone (see `_endpoints_dir`)
+
+    def set_model_server_endpoints(self, endpoints: Sequence[str]) -> None:
+        """Replace the model servers' endpoints ("ip:port" each; ``follow_pool_endpoints`` only), as a
+        gateway does when the pool's ready pods or target ports change. Envoy applies the file
+        within milliseconds; a removed endpoint keeps its requests in flight."""
+        if not self.options.follow_pool_endpoints:
+            raise RuntimeError("this Envoy's model servers are not read from a file")
+        self._model_eds_version += 1
+        staged = self.dir / f".{_MODEL_EDS_FILE}.{self._model_eds_version}"
+        staged.write_text(model_server_endpoints_json(endpoints, self._model_eds_version), encoding="utf-8")
+        staged.replace(self._model_endpoints_dir() / _MODEL_EDS_FILE)
+        self.model_server_endpoints = tuple(endpoints)
 
     def set_ext_proc_replicas(self, replicas: Sequence[ExtProcReplica]) -> None:
         """Replace the ext_proc cluster's endpoints (``ext_proc_dynamic_endpoints`` only). Envoy applies

@@ -181,6 +181,7 @@ def _received(sim: AdminTarget) -> list[dict[str, Any]]:
             "path": r.path,
             "headers": [list(h) for h in r.headers],
             "body": base64.b64encode(r.body).decode("ascii"),
+            "http_version": r.http_version,
         }
         for r in sim.received_requests()
     ]

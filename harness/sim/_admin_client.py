@@ -82,6 +82,7 @@ class SimAdmin:
                 str(r["path"]),
                 tuple((str(k), str(v)) for k, v in r["headers"]),
                 base64.b64decode(r["body"]),
+                str(r.get("http_version", "1.1")),
             )
             for r in self._call("GET", "/admin/received")
         ]

@@ -138,6 +138,9 @@ class SimConfig:
     vllm_version: str = DEFAULT_VLLM_VERSION
     engine: str = VLLM_ENGINE
     time_scale: float = 1.0
+    # Also serve HTTP/2 over cleartext (prior knowledge) on the serving port, beside HTTP/1.1 (the
+    # model server of a pool with `appProtocol: kubernetes.io/h2c`; `harness.sim._h2c`).
+    h2c: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -22,6 +22,8 @@ class ReceivedRequest:
     path: str
     headers: tuple[tuple[str, str], ...]  # (lower-case name, value) in arrival order, repeats kept
     body: bytes
+    # The HTTP version it came in over: "1.1", or "2" through the h2c listener (`SimConfig.h2c`).
+    http_version: str = "1.1"
 
     def header_values(self, name: str) -> list[str]:
         """Every value sent under `name` (case-insensitive): one entry per header line."""
@@ -36,10 +38,17 @@ class ReceivedLog:
         self._lock = threading.Lock()
         self._requests: collections.deque[ReceivedRequest] = collections.deque(maxlen=limit)
 
-    def record(self, method: str, path: str, raw_headers: Iterable[tuple[bytes, bytes]], body: bytes) -> None:
+    def record(
+        self,
+        method: str,
+        path: str,
+        raw_headers: Iterable[tuple[bytes, bytes]],
+        body: bytes,
+        http_version: str = "1.1",
+    ) -> None:
         headers = tuple((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw_headers)
         with self._lock:
-            self._requests.append(ReceivedRequest(method, path, headers, body))
+            self._requests.append(ReceivedRequest(method, path, headers, body, http_version))
 
     def snapshot(self) -> list[ReceivedRequest]:
         with self._lock:

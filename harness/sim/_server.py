@@ -6,9 +6,12 @@ import asyncio
 import collections
 import dataclasses
 import json
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -19,6 +22,7 @@ from harness.sim import _openai as oai
 from harness.sim._admin import admin_app
 from harness.sim._config import DEFAULT_PORT, SimConfig
 from harness.sim._engine import Engine, EngineState, Run
+from harness.sim._h2c import H1_SOCKET, H2_SOCKET, H2cFront
 from harness.sim._kv import text_block_hashes
 from harness.sim._metrics import GaugeOverrides, SimMetrics
 from harness.sim._received import ReceivedLog, ReceivedRequest
@@ -76,6 +80,8 @@ class ModelServerSim:
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._h2c: H2cFront | None = None
+        self._socket_dir: Path | None = None
         self._created = int(time.time())
 
     # ---- addresses -------------------------------------------------------------------------
@@ -118,15 +124,18 @@ class ModelServerSim:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self._requested_port, reuse_address=True)
-            await site.start()
+            if self.config.h2c:
+                self._port = await self._start_h2c(runner)
+            else:
+                site = web.TCPSite(runner, self.host, self._requested_port, reuse_address=True)
+                await site.start()
+                self._port = int(runner.addresses[0][1])
         except BaseException:
+            await self._stop_h2c()
             await runner.cleanup()
             raise
         self._runner = runner
         self._loop = asyncio.get_running_loop()
-        sockname = runner.addresses[0]
-        self._port = int(sockname[1])
         if self._requested_admin_port is not None:
             try:
                 self._admin_runner = await _serve(admin_app(self), self.host, self._requested_admin_port)
@@ -140,11 +149,38 @@ class ModelServerSim:
         runners = (self._admin_runner, self._runner)
         self._admin_runner = self._runner = None
         self.black_hole(())  # held requests are answered before the server goes, not cancelled
+        await self._stop_h2c()
         for runner in runners:
             if runner is not None:
                 await runner.cleanup()
         await self.engine.aclose()
         self._loop = None
+
+    async def _start_h2c(self, runner: web.AppRunner) -> int:
+        """The serving port as an `H2cFront` (HTTP/1.1 and h2c), the application behind it on two
+        Unix sockets in a temp dir; the bound port."""
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="sim-h2c-"))
+        for name in (H1_SOCKET, H2_SOCKET):
+            await web.UnixSite(runner, str(self._socket_dir / name)).start()
+        self._h2c = H2cFront(self.host, self._requested_port, self._socket_dir)
+        await self._h2c.start()
+        return self._h2c.port
+
+    async def _stop_h2c(self) -> None:
+        front, self._h2c = self._h2c, None
+        if front is not None:
+            await front.stop()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
+    def _http_version(self, request: web.Request) -> str:
+        """ "2" for a request the h2c front passed on from an HTTP/2 stream (its own socket says so)."""
+        transport = request.transport
+        sockname = transport.get_extra_info("sockname") if transport is not None else None
+        if self._socket_dir is not None and sockname == str(self._socket_dir / H2_SOCKET):
+            return "2"
+        return f"{request.version.major}.{request.version.minor}"
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -370,7 +406,13 @@ class ModelServerSim:
 
     async def _generate(self, request: web.Request, kind: oai.Kind) -> web.StreamResponse:
         cfg = self.config
-        self._received.record(request.method, request.path, request.raw_headers, await request.read())
+        self._received.record(
+            request.method,
+            request.path,
+            request.raw_headers,
+            await request.read(),
+            self._http_version(request),
+        )
         try:
             parsed = oai.parse_request(kind, await _read_json(request))
             model = cfg.model if parsed.model is None else parsed.model  # vLLM's default model

@@ -38,7 +38,11 @@ class FlagProfile:
     # How Envoy must talk to it: v0.3.0's default server answers the headers before it reads a
     # BUFFERED body; v1.x EPPs (full and lightweight) serve only FULL_DUPLEX_STREAMED bodies and do
     # not answer the headers until the body came, so a BUFFERED Envoy waits out its message timeout.
-    envoy_protocol: Literal["v0.3", "v1"] = "v0.3"
+    # lwepp (v1.6.0) answers every request-body chunk with a plain CONTINUE, and the headers only once
+    # the body is complete: Envoy 1.40 refuses both in full duplex ("spurious_message: Normal body
+    # mutation response is received while body mode is FULL_DUPLEX_STREAMED", and a body reply before
+    # the headers reply), so it gets `EnvoyOptions.lwepp()` instead.
+    envoy_protocol: Literal["v0.3", "v1", "lwepp"] = "v0.3"
     # Capabilities (`harness.verdicts.departures.CAPABILITIES`) the EPPs of this dialect do not have:
     # scenarios that need one are "not applicable" to them, never a FAIL.
     lacks: frozenset[str] = frozenset()
@@ -99,7 +103,7 @@ LWEPP: Final = FlagProfile(
     verbosity=None,
     pool_group="--pool-group",
     health_service="inference-extension",
-    envoy_protocol="v1",
+    envoy_protocol="lwepp",
     # Round robin over the pool's pods (or the test header's pick); it scrapes no metrics, reads no
     # model objects and does not parse the body (upstream-v1.md §b, §c).
     lacks=frozenset(

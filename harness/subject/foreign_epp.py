@@ -48,9 +48,11 @@ reads it.
 Envoy's body mode follows the EPP (``EppCommand.envoy_options``, applied by the Stack): BUFFERED
 for ours (it speaks both) and upstream v0.3.0's default server (its streaming one needs
 ``USE_STREAMING=true`` in its environment and ``request_body_mode="FULL_DUPLEX_STREAMED"``); a v1.x
-EPP (flag profiles v1 and lwepp) gets upstream's v1 mode, ``EnvoyOptions.v1``: it serves only
+EPP (flag profile v1) gets upstream's v1 mode, ``EnvoyOptions.v1``: it serves only
 FULL_DUPLEX_STREAMED bodies and answers nothing before the body, so a BUFFERED Envoy, which waits
-for the headers' answer before it sends the body, only times out.
+for the headers' answer before it sends the body, only times out. lwepp gets ``EnvoyOptions.lwepp``
+(a buffered body streamed in one chunk, sent before the headers' answer): its plain CONTINUE to
+each body chunk is refused by Envoy in full duplex.
 """
 
 from __future__ import annotations
@@ -116,17 +118,36 @@ class EppCommand:
         """``request_body_mode`` if set, else FULL_DUPLEX_STREAMED for a v1.x EPP, else BUFFERED."""
         if self.request_body_mode is not None:
             return self.request_body_mode
-        return "FULL_DUPLEX_STREAMED" if self.speaks_v1_protocol else "BUFFERED"
+        if self.speaks_v1_protocol:
+            return (
+                EnvoyOptions.lwepp().request_body_mode
+                if self.flags.envoy_protocol == "lwepp"
+                else "FULL_DUPLEX_STREAMED"
+            )
+        return "BUFFERED"
 
     @property
     def speaks_v1_protocol(self) -> bool:
         """A v1.x EPP of upstream's (not ours, which speaks both): its Envoy runs in v1 mode."""
-        return self.dialect != "ours" and self.flags.envoy_protocol == "v1"
+        return self.dialect != "ours" and self.flags.envoy_protocol in ("v1", "lwepp")
 
     def envoy_options(self, base: EnvoyOptions) -> EnvoyOptions:
         """``base`` (a scenario's Envoy) as this EPP needs it: for a v1.x EPP the request side of
         upstream's v1 mode (`EnvoyOptions.v1`: the request body FULL_DUPLEX_STREAMED with trailers,
         the long message timeout), every other setting kept; else with ``envoy_request_body_mode``."""
+        if (
+            self.speaks_v1_protocol
+            and self.request_body_mode is None
+            and self.flags.envoy_protocol == "lwepp"
+        ):
+            lwepp = EnvoyOptions.lwepp()
+            return dataclasses.replace(
+                base,
+                request_body_mode=lwepp.request_body_mode,
+                body_before_header_response=lwepp.body_before_header_response,
+                buffer_request_body=lwepp.buffer_request_body,
+                message_timeout_s=lwepp.message_timeout_s,
+            )
         if self.speaks_v1_protocol and self.request_body_mode is None:
             v1 = EnvoyOptions.v1()
             # The request side only: with the response side in full duplex too (all of

@@ -24,13 +24,17 @@ from harness.dataplane.envoy import (
     ExtProcTls,
     bootstrap_json,
     build_bootstrap,
+    model_server_endpoints_json,
 )
 
 SUBSET_HEADER = "x-test-subset"
 
 
-def http_filters(tmp_path: Path, options: EnvoyOptions) -> list[dict[str, Any]]:
-    """The listener's HTTP filters, after Envoy has validated the whole bootstrap."""
+def validated(tmp_path: Path, options: EnvoyOptions) -> dict[str, Any]:
+    """The bootstrap as JSON, after Envoy has validated it."""
+    eds = tmp_path / "model-eds" / "endpoints.json"
+    eds.parent.mkdir(exist_ok=True)
+    eds.write_text(model_server_endpoints_json(["127.0.0.2:8000"], 1))
     bootstrap = build_bootstrap(
         listener_port=18080,
         admin_port=19901,
@@ -39,6 +43,7 @@ def http_filters(tmp_path: Path, options: EnvoyOptions) -> list[dict[str, Any]]:
         access_log_path=tmp_path / "access.log",
         options=options,
         ext_proc_tls=ExtProcTls(ca_pem=TinyCA().cert_pem, server_name="epp.harness-test.svc"),
+        model_server_endpoints_path=eds,
     )
     config = tmp_path / "bootstrap.json"
     config.write_text(bootstrap_json(bootstrap))
@@ -51,7 +56,13 @@ def http_filters(tmp_path: Path, options: EnvoyOptions) -> list[dict[str, Any]]:
             check=False,
         )
     assert result.returncode == 0, result.stdout + result.stderr
-    listener = json.loads(config.read_text())["staticResources"]["listeners"][0]
+    config_json: dict[str, Any] = json.loads(config.read_text())
+    return config_json
+
+
+def http_filters(tmp_path: Path, options: EnvoyOptions) -> list[dict[str, Any]]:
+    """The listener's HTTP filters, after Envoy has validated the whole bootstrap."""
+    listener = validated(tmp_path, options)["staticResources"]["listeners"][0]
     hcm = listener["filterChains"][0]["filters"][0]["typedConfig"]
     filters: list[dict[str, Any]] = hcm["httpFilters"]
     return filters
@@ -97,3 +108,27 @@ def test_the_default_stays_the_v1alpha2_buffered_set_up(tmp_path: Path) -> None:
     assert mode["requestBodyMode"] == "BUFFERED"
     assert mode["responseHeaderMode"] == "SKIP"
     assert "responseBodyMode" not in mode  # NONE, the proto default
+
+
+def model_servers(tmp_path: Path, options: EnvoyOptions) -> dict[str, Any]:
+    clusters = validated(tmp_path, options)["staticResources"]["clusters"]
+    [cluster] = [c for c in clusters if c["name"] == "model_servers"]
+    return cluster
+
+
+def test_v1_mode_walks_the_epps_list_over_the_pools_endpoints(tmp_path: Path) -> None:
+    # Upstream's ORIGINAL_DST reads one address; v1 mode's cluster takes the EPP's comma list from
+    # the metadata (override_host) over the endpoints a file gives, and retries a refused connection.
+    cluster = model_servers(tmp_path, EnvoyOptions.v1())
+    assert cluster["type"] == "EDS"
+    assert cluster["edsClusterConfig"]["edsConfig"]["pathConfigSource"]["path"].endswith("endpoints.json")
+    [policy] = cluster["loadBalancingPolicy"]["policies"]
+    override = policy["typedExtensionConfig"]["typedConfig"]
+    assert override["@type"].endswith("OverrideHost")
+    [source] = override["overrideHostSources"]
+    assert source["metadata"] == {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}]}
+
+
+def test_the_default_reads_one_address_from_the_metadata(tmp_path: Path) -> None:
+    cluster = model_servers(tmp_path, EnvoyOptions())
+    assert (cluster["type"], cluster["lbPolicy"]) == ("ORIGINAL_DST", "CLUSTER_PROVIDED")

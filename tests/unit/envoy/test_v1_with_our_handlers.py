@@ -39,7 +39,7 @@ async def v1_gateway(
 ) -> AsyncIterator[tuple[Env, Envoy, list[str]]]:
     """Two pods, our handlers, an Envoy in v1 mode with the subset test header; yields the pods'
     addresses. `list_aware`: a third pod, `pod-dead`, whose address nothing listens on, and Envoy's
-    override_host cluster of all three (ORIGINAL_DST otherwise)."""
+    override_host cluster of all three, from its EDS file (ORIGINAL_DST otherwise)."""
     async with (
         ModelServerSim(pool.acquire(), config=SIM) as first,
         ModelServerSim(pool.acquire(), config=SIM) as second,
@@ -57,7 +57,10 @@ async def v1_gateway(
         port = await server.start("127.0.0.1", 0)
         try:
             options = EnvoyOptions.v1(
-                ext_proc_tls=False, subset_hint_header=SUBSET_HEADER, model_server_endpoints=endpoints
+                ext_proc_tls=False,
+                subset_hint_header=SUBSET_HEADER,
+                model_server_endpoints=endpoints,
+                follow_pool_endpoints=list_aware,
             )
             with Envoy(f"127.0.0.1:{port}", options=options) as envoy:
                 yield env, envoy, [first.address, second.address]

@@ -124,7 +124,8 @@ def test_the_harness_passes_its_settings_in_the_dialect(
     [
         pytest.param(V0_3_HELP, "BUFFERED", "NONE", id="v0.3-answers-headers-first"),
         pytest.param(V1_HELP, "FULL_DUPLEX_STREAMED", "NONE", id="v1-full-duplex"),
-        pytest.param(LWEPP_HELP, "FULL_DUPLEX_STREAMED", "NONE", id="lwepp-full-duplex"),
+        # lwepp's replies are refused in full duplex (tests/unit/envoy/test_lwepp_mode.py).
+        pytest.param(LWEPP_HELP, "STREAMED", "NONE", id="lwepp-buffered-then-streamed"),
     ],
 )
 def test_envoy_talks_to_each_epp_in_its_protocol_keeping_the_scenarios_settings(
@@ -134,6 +135,9 @@ def test_envoy_talks_to_each_epp_in_its_protocol_keeping_the_scenarios_settings(
     options = EppCommand.from_text(str(fake_epp(tmp_path, help_text))).envoy_options(base)
     assert (options.request_body_mode, options.response_body_mode) == (request_mode, response_mode)
     assert (options.subset_hint_header, options.buffer_limit_bytes) == ("x-test-subset", 1234)
-    if request_mode == "FULL_DUPLEX_STREAMED":
+    if request_mode != "BUFFERED":
         assert options.message_timeout_s == EnvoyOptions.v1().message_timeout_s
+    if request_mode == "STREAMED":
+        assert options.buffer_request_body
+        assert options.body_before_header_response
     assert EppCommand.ours().envoy_options(base) == base  # ours speaks both: the scenario decides

@@ -1,0 +1,4 @@
+"""Our EPP through the shipped gateway scenarios of `harness.scenarios.conformance.test_gateway`:
+FailOpen / FailClose with the EPP down, data-parallel ranks."""
+
+from harness.scenarios.conformance.test_gateway import *  # noqa: F403
