@@ -20,6 +20,7 @@ V1_SCENARIOS=(
     tests/integration/faults
     tests/integration/chart
     tests/e2e/test_any_epp.py
+    tests/e2e/test_app_protocol.py
     tests/e2e/test_black_box_oracle.py
     tests/e2e/test_body_limit.py
     tests/e2e/test_chart_install.py
@@ -27,6 +28,7 @@ V1_SCENARIOS=(
     tests/e2e/test_destination_header.py
     tests/e2e/test_epp_faults.py
     tests/e2e/test_epp_restart.py
+    tests/e2e/test_gateway_conformance.py
     tests/e2e/test_in_flight.py
     tests/e2e/test_kubectl.py
     tests/e2e/test_kubectl_deployment.py
@@ -39,6 +41,7 @@ V1_SCENARIOS=(
     tests/e2e/test_pool_resync.py
     tests/e2e/test_target_ports.py
     tests/e2e/test_up_with_epp.py
+    tests/e2e/test_v1_fallbacks.py
     tests/e2e/test_v1_protocol.py
     tests/e2e/test_what_reaches_the_model_server.py
     tests/e2e/test_what_reaches_the_model_server_full_duplex.py

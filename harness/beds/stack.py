@@ -202,13 +202,20 @@ class Stack(StartStop):
             else:
                 self.traffic.eventually_routes_to(timeout=60.0)
 
-    def _probe_model(self) -> str | None:
-        """The model membership probes ask for (`probe_model`); for an EPP that reads no model
-        objects (lwepp: no body rewrite), the pods' base model itself, which they serve as is."""
+    def model_for(self, model: str) -> str:
+        """What a client asks for to reach `model` through this Stack's EPP: `model` itself, or, for an
+        EPP that reads no model objects (lwepp: no body rewrite), the pods' base model, which they
+        serve as is (any other name is the model server's 404)."""
         opts = self.options
         if opts.epp_command is not None and MODEL_AWARE_ROUTING in opts.epp_command.lacks:
             return opts.sim_config.model
-        return probe_model(opts.models, opts.sim_config.model)
+        return model
+
+    def _probe_model(self) -> str | None:
+        """The model membership probes ask for (`probe_model`), as this Stack's EPP can serve it."""
+        opts = self.options
+        probe = probe_model(opts.models, opts.sim_config.model)
+        return None if probe is None else self.model_for(probe)
 
     def stop(self) -> None:
         try:

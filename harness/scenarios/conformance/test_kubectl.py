@@ -116,11 +116,12 @@ def test_pod_labelled_out_of_the_pool_with_kubectl_stops_getting_traffic(stack_f
     else:  # an EPP without a datastore view: until traffic shows the label change applied
         wait_routable(stack, [staying])
 
+    asked = stack.model_for("food-review")  # the pods' base model for an EPP that rewrites no name
     with openai_client(stack) as client:
         landed = Counter(
             address_to_pod[served_by(raw.headers)]
             for raw in (
-                client.completions.with_raw_response.create(model="food-review", prompt="hi", max_tokens=1)
+                client.completions.with_raw_response.create(model=asked, prompt="hi", max_tokens=1)
                 for _ in range(20)
             )
         )

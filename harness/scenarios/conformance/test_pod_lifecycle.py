@@ -35,14 +35,14 @@ MODELS = (ModelSpec(MODEL, MODEL, "Critical", ((BASE_MODEL, None),)),)
 REQUESTS_AFTER_REMOVAL = 20
 
 
-def send(client: openai.OpenAI) -> str:
+def send(client: openai.OpenAI, model: str) -> str:
     """One request; the ``ip:port`` of the simulator that answered it.
 
     Each prompt is new: a picker with prefix-cache affinity (llm-d-router's default) rightly keeps a
     repeated prompt on the pod that has it cached, and whether both pods are members is the
     question here, not whether the EPP spreads one prompt."""
     prompt = f"lifecycle {uuid.uuid4().hex}"
-    raw = client.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=1)
+    raw = client.completions.with_raw_response.create(model=model, prompt=prompt, max_tokens=1)
     return served_by(raw.headers)
 
 
@@ -68,7 +68,7 @@ def test_removed_pod_stops_receiving_traffic(
         seen: set[str] = set()
 
         def both_pods_serve() -> None:
-            seen.add(send(client))
+            seen.add(send(client, stack.model_for(MODEL)))
             assert seen == {gone_at, kept_at}, f"served so far by {sorted(seen)}"
 
         eventually(both_pods_serve, message="both pods take traffic before one leaves")
@@ -77,7 +77,7 @@ def test_removed_pod_stops_receiving_traffic(
         gone_counts = requests_by_model(stack).get(gone)
         log_start = len(settled_access_log(stack))
 
-        answered = [send(client) for _ in range(REQUESTS_AFTER_REMOVAL)]
+        answered = [send(client, stack.model_for(MODEL)) for _ in range(REQUESTS_AFTER_REMOVAL)]
 
     assert answered == [kept_at] * REQUESTS_AFTER_REMOVAL
     entries = access_log_since(stack, log_start)
@@ -95,10 +95,10 @@ def test_no_ready_pod_is_503_until_one_is_ready_again(stack_factory: StackFactor
     wait_routable(stack, [])
     with openai_client(stack) as client:
         with pytest.raises(openai.InternalServerError) as caught:
-            send(client)
+            send(client, stack.model_for(MODEL))
         assert caught.value.status_code == 503
         assert_readable_error(caught.value, "no ready endpoints in InferencePool vllm-pool")
 
         cluster_of(stack).pod_ready(pods[0])
         wait_routable(stack, pods[:1])
-        assert send(client) == endpoint(stack, pods[0])
+        assert send(client, stack.model_for(MODEL)) == endpoint(stack, pods[0])
