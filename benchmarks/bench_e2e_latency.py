@@ -450,6 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             envoy = stack_of.enter_context(
                 Envoy(other.ext_proc_address, options=envoy_options, ext_proc_tls=other.ext_proc_tls)
             )
+            # The v1 set-up reads its model servers from a file: the pool's endpoint, as a gateway lists it.
+            if envoy_options.follow_pool_endpoints:
+                envoy.set_model_server_endpoints([f"{ip}:{SIM_PORT}"])
             paths[f"other{index}"] = Path_(
                 f"{envoy.base_url}/v1/completions", f"Envoy + {command.name} -> simulator", other.pid,
                 envoy.pid, True,
