@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
         "containers; with --deploy the EPP pods are the image built from this checkout's Containerfile "
         f"(built or loaded first; env {CONTAINERS_ENV}=1)",
     )
+    up.add_argument(
+        "--backend",
+        choices=("harness", "kind"),
+        default="harness",
+        help="the cluster: the harness's own plane (default), or kind (built from Go modules, pinned; its "
+        "node image built here: see README 'The container tier'), in the harness's container engine",
+    )
     up.set_defaults(handler=cmd_up)
 
     build = commands.add_parser(
@@ -144,6 +151,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     note = None if args.no_crds else releases.supplement_note(release)
     if note:
         print(f"note: {note}", flush=True)
+    if args.backend == "kind":
+        from harness.cli.up_kind import up_kind
+
+        return up_kind(args)
     if args.with_epp:
         from harness.cli.demo import up_with_epp
 

@@ -33,6 +33,7 @@ import shutil
 import signal
 import socket
 import socketserver
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -234,8 +235,10 @@ class _LocalPlane:
                     self._plane = None
             finally:
                 if self._engine is not None:
-                    self._engine.stop()
+                    leftovers = self._engine.stop()
                     self._engine = None
+                    if leftovers:  # said where a run's output shows it, not swallowed
+                        print(f"\nharness: the run's container engine left {leftovers}", file=sys.stderr)
 
 
 _PLANE: Final = "control-plane"
