@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
 import pytest
 
-from harness.cluster.container_engine import DockerEngine, EngineUnavailable
+from harness.cluster.container_engine import DockerCommandError, DockerEngine, EngineUnavailable
 from harness.cluster.container_images import ImageReady
 from harness.nodeagent.image_builds import BuiltImages, EppImageBuild
 
@@ -72,6 +73,26 @@ def containers_enabled(config: pytest.Config) -> bool:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker(CONTAINERS_MARKER) is not None and not containers_enabled(item.config):
         pytest.skip(OPT_IN)
+
+
+def prepare_images(engine: DockerEngine) -> None:
+    """The EPP, simulator and Envoy images in ``engine`` (present, loaded, or built), said on the
+    terminal; a failure is printed and left to the fixtures, which skip with it."""
+    import time
+
+    from harness.dataplane.envoy_container import envoy_image
+    from harness.nodeagent.sim_image import SimImageBuild
+
+    began = time.monotonic()
+    print("\nharness: container tier: the EPP, simulator and Envoy images (a cold build takes minutes) ...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        made = [EppImageBuild().ensure(engine).epp, SimImageBuild().ensure(engine), envoy_image(engine)]
+    except (EngineUnavailable, DockerCommandError) as exc:
+        print(f"harness: container tier: images not ready: {exc}", file=sys.stderr, flush=True)
+        return
+    said = ", ".join(f"{image.tag} {image.how}" for image in made)
+    print(f"harness: container tier: {said} ({time.monotonic() - began:.1f} s)", file=sys.stderr, flush=True)
 
 
 @pytest.fixture(scope="session")

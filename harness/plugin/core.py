@@ -117,6 +117,19 @@ def pytest_configure(config: pytest.Config) -> None:
     _stop_on_sigterm(config)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist starts its workers
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With the container tier on, the run's owner starts the engine and makes the images ready
+    before any test runs: a cold build takes minutes, more than a test's timeout, and every worker
+    then finds the images present."""
+    config = session.config
+    if not config.stash.get(_OWNS_RUN_DIR, False) or external_cluster(config):
+        return
+    source = config.stash[_PLANE_SOURCE]
+    if source.owner is not None:
+        source.owner.prepare_images()
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker(GENERATION_MARKER)
     if marker is None:
@@ -215,6 +228,17 @@ class _LocalPlane:
             engine = self._engine.dir if self._engine is not None else None
             return {"engine": str(engine) if engine else None, "engine_error": self._engine_error}
 
+    def prepare_images(self) -> None:
+        """The engine, and every image the tier uses, ready (built on a cold cache); a failure is
+        left for the fixtures to report."""
+        with self._lock:
+            self._start_engine()
+            if self._engine is None:
+                return
+            from harness.plugin.container_fixtures import prepare_images
+
+            prepare_images(self._engine)
+
     def _start_engine(self) -> None:
         """Once, with the container tier on (a failure is kept as the reason the tier skips)."""
         if not self._containers or self._engine is not None or self._engine_error is not None:
@@ -252,6 +276,10 @@ class _PlaneSource:
     def __init__(self, fetch: Callable[[str], dict[str, Any]], owner: _LocalPlane | None = None) -> None:
         self._fetch = fetch
         self._owner = owner
+
+    @property
+    def owner(self) -> _LocalPlane | None:
+        return self._owner
 
     def access(self) -> ClusterAccess:
         state = self._fetch(_PLANE)
