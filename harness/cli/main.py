@@ -27,6 +27,7 @@ from harness.cluster import go_binaries, releases
 from harness.cluster.controlplane import FULL, MINIMAL, ControlPlane, ControlPlaneStartError
 
 if TYPE_CHECKING:
+    from harness.cluster.container_engine import DockerEngine
     from harness.subject.chart_install import ChartInstall
 
 PLUGGABLE_COMMANDS: Final = {
@@ -37,6 +38,7 @@ PLUGGABLE_COMMANDS: Final = {
     "assets": "harness.cli.assets",
 }
 _WATCH_INTERVAL: Final = 0.5
+CONTAINERS_ENV: Final = "EPP_HARNESS_CONTAINERS"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,6 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--replicas", type=int, default=2, metavar="N", help="with --deploy: the chart's EPP replicas (2)"
     )
+    up.add_argument(
+        "--containers",
+        action="store_true",
+        default=os.environ.get(CONTAINERS_ENV, "") not in ("", "0"),
+        help="a container engine of the harness's own for the node agent: our images run as real "
+        "containers; with --deploy the EPP pods are the image built from this checkout's Containerfile "
+        f"(built or loaded first; env {CONTAINERS_ENV}=1)",
+    )
+    up.add_argument(
+        "--backend",
+        choices=("harness", "kind"),
+        default="harness",
+        help="the cluster: the harness's own plane (default), or kind (built from Go modules, pinned; its "
+        "node image built here: see README 'The container tier'), in the harness's container engine",
+    )
     up.set_defaults(handler=cmd_up)
 
     build = commands.add_parser(
@@ -134,6 +151,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     note = None if args.no_crds else releases.supplement_note(release)
     if note:
         print(f"note: {note}", flush=True)
+    if args.backend == "kind":
+        from harness.cli.up_kind import up_kind
+
+        return up_kind(args)
     if args.with_epp:
         from harness.cli.demo import up_with_epp
 
@@ -155,13 +176,30 @@ def cmd_up(args: argparse.Namespace) -> int:
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
+    if args.containers and args.minimal:
+        print("error: --containers needs the node agent (the full plane)", file=sys.stderr)
+        return 2
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stack = contextlib.ExitStack()
+    engine: DockerEngine | None = None
+    epp_image: str | None = None
+    if args.containers:
+        try:
+            engine, epp_image = _start_containers(args.deploy)
+        except (Exception, KeyboardInterrupt) as exc:  # no engine, an image that would not build, ^C
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if isinstance(exc, KeyboardInterrupt):
+                print("interrupted before the container engine was ready; stopped", file=sys.stderr)
+                return 130
+            print(f"error: the container tier cannot run: {exc}", file=sys.stderr)
+            return 1
     plane = ControlPlane(
         components=MINIMAL if args.minimal else FULL,
         install_crds=not args.no_crds,
         crd_release=args.crd_release,
+        container_engine=engine.dir if engine is not None else None,
     )
-    stack = contextlib.ExitStack()
     try:
         try:
             plane.start()  # a signal during start unwinds through start()'s rollback
@@ -173,7 +211,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 130
         if args.deploy:
             try:
-                deployment = _deploy(plane, args.replicas, stack)
+                deployment = _deploy(plane, args.replicas, stack, epp_image)
             except KeyboardInterrupt:
                 print("interrupted before the chart was installed; stopped", file=sys.stderr)
                 return 130
@@ -197,17 +235,50 @@ def cmd_up(args: argparse.Namespace) -> int:
         try:
             stack.close()  # the release, its Envoy and its work directory, before the plane
         finally:
-            plane.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            try:
+                plane.stop()
+            finally:
+                if engine is not None:
+                    engine.stop()  # after the plane: the node agent removes its containers first
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
 
-def _deploy(plane: ControlPlane, replicas: int, stack: contextlib.ExitStack) -> ChartInstall:
+def _start_containers(deploy: bool) -> tuple[DockerEngine, str | None]:
+    """The engine (on the kept data root) and, for --deploy, the EPP image built from this checkout."""
+    import time
+
+    from harness.cluster.container_images import kept_engine
+    from harness.nodeagent.image_builds import EppImageBuild
+
+    began = time.monotonic()
+    engine = kept_engine()
+    print(f"container engine: dockerd, data root {engine.data_root} ({time.monotonic() - began:.1f} s)",
+          flush=True)  # fmt: skip
+    if not deploy:
+        return engine, None
+    try:
+        print("EPP image from the Containerfile (a first build takes minutes) ...", flush=True)
+        built = EppImageBuild().ensure(engine)
+    except BaseException:
+        engine.stop()
+        raise
+    print(f"EPP image:  {built.tag} ({built.epp.how}, {built.seconds:.1f} s)", flush=True)
+    return engine, built.tag
+
+
+def _deploy(
+    plane: ControlPlane, replicas: int, stack: contextlib.ExitStack, epp_image: str | None = None
+) -> ChartInstall:
     from harness.subject.chart_install import ChartInstall, ChartOptions
 
     work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-deploy-")))
-    print(f"installing deploy/chart ({replicas} EPP replicas) with helm ...", flush=True)
-    install = ChartInstall(plane.access, "default", work_dir, ChartOptions(replicas=replicas))
+    runs = f"the image {epp_image} as containers" if epp_image else "processes from this virtualenv"
+    print(f"installing deploy/chart ({replicas} EPP replicas: {runs}) with helm ...", flush=True)
+    options = ChartOptions(replicas=replicas)
+    if epp_image is not None:
+        options = ChartOptions(replicas=replicas, epp_image=epp_image)
+    install = ChartInstall(plane.access, "default", work_dir, options)
     stack.enter_context(install)
     return install
 

@@ -19,8 +19,16 @@ process, with everything it keeps under one harness temp dir (removed at ``stop(
 binaries are there). When the engine cannot run (not root, no apt-get, dockerd does not come up),
 ``EngineUnavailable`` says why: the container tier skips with that reason.
 
-Images do not outlive the engine (its data root is temporary); ``harness.cluster.container_images``
-keeps them as content-addressed tarballs in the harness cache instead.
+**Where images live.** By default the data root is temporary and images do not outlive the engine;
+``harness.cluster.container_images`` keeps them as content-addressed tarballs in the harness cache.
+``DockerEngine(persistent=True)`` (what the test tier and ``harness up --containers`` use) keeps the
+data root in the cache instead (``<cache>/docker/data``), so a second run finds its images present
+and neither loads nor removes hundreds of megabytes: only one engine at a time may use it (a flock
+held while it runs); an engine that cannot get it falls back to a temporary data root. Nothing of
+it runs or stays mounted after ``stop()``: it is a directory of files, like the tarballs.
+
+``DockerEngine.attach(directory)`` is a client of an engine another process started and stops (an
+xdist worker using the run's engine, the node agent using the plane's): its ``stop()`` does nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ _APT_TIMEOUT_S: Final = 900.0
 _START_TIMEOUT_S: Final = 90.0
 _STOP_TIMEOUT_S: Final = 30.0
 _CLI_TIMEOUT_S: Final = 120.0
+_PRUNE_TIMEOUT_S: Final = 300.0
 ENGINE_LABEL: Final = "epp-harness.engine"
 """Label on every container the harness starts (its value: the engine's directory)."""
 
@@ -61,6 +70,11 @@ class EngineUnavailable(RuntimeError):
 
 class DockerCommandError(RuntimeError):
     """A docker CLI call failed; the message holds the command and its output."""
+
+
+def persistent_data_root() -> Path:
+    """The data root kept between runs (``DockerEngine(persistent=True)``)."""
+    return cache_root() / "docker" / "data"
 
 
 @contextlib.contextmanager
@@ -129,6 +143,13 @@ def _ping(sock: Path) -> bool:
     return head.startswith(b"HTTP/1.") and head.split(b" ", 2)[1:2] == [b"200"]
 
 
+def _ping_quietly(sock: Path) -> bool:
+    try:
+        return _ping(sock)
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class Leftovers:
     """What an engine left on the machine after ``stop()`` (all empty when it cleaned up)."""
@@ -144,23 +165,41 @@ class Leftovers:
 class DockerEngine(StartStop):
     """``dockerd`` with a data root, exec root, pid file and socket of its own (see the module doc)."""
 
-    def __init__(self, *, start_timeout: float = _START_TIMEOUT_S) -> None:
+    def __init__(self, *, start_timeout: float = _START_TIMEOUT_S, persistent: bool = False) -> None:
         self.start_timeout = start_timeout
+        self.persistent = persistent  # asked for the cached data root (``data_root`` says if it got it)
         self._children = ChildProcesses()
         self._dockerd: ManagedProcess | None = None
+        self._attached = False
         self.dir: Path | None = None
+        self.data_root: Path | None = None
         self.cgroup_parent = ""
+
+    @classmethod
+    def attach(cls, directory: Path) -> DockerEngine:
+        """A client of the running engine whose directory is ``directory`` (its ``stop()`` is a no-op)."""
+        engine = cls()
+        engine._attached = True
+        engine.dir = directory
+        engine.cgroup_parent = directory.name
+        return engine
 
     # ------------------------------------------------------------------ lifecycle
 
     def _start(self) -> None:
+        if self._attached:
+            raise RuntimeError("an attached engine is started and stopped by its owner")
         ensure_packages(ENGINE_PACKAGES)
         self.dir = self._children.temp_dir("dockerd")
         self.cgroup_parent = self.dir.name
-        for sub in ("data", "exec", "config"):
+        for sub in ("exec", "config"):
             (self.dir / sub).mkdir()
+        self.data_root = self._persistent_root() if self.persistent else None
+        if self.data_root is None:
+            self.data_root = self.dir / "data"
+            self.data_root.mkdir()
         args = [
-            f"--data-root={self.dir / 'data'}",
+            f"--data-root={self.data_root}",
             f"--exec-root={self.dir / 'exec'}",
             f"--pidfile={self.dir / 'dockerd.pid'}",
             f"--host=unix://{self.socket}",
@@ -191,13 +230,43 @@ class DockerEngine(StartStop):
             self._dockerd.start()
         except ProcessStartError as exc:
             raise EngineUnavailable(f"dockerd did not start: {exc}") from exc
+        if self.data_root != self.dir / "data":
+            self._forget_containers()  # a run that was killed may have left some in the kept root
+
+    def _persistent_root(self) -> Path | None:
+        """The cached data root, locked for this engine's life; None when another engine holds it."""
+        root = persistent_data_root()
+        root.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(root.parent / "data.lock", "wb")  # noqa: SIM115 (held until stop)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        self._children.defer(handle.close)  # closing it releases the lock, after dockerd has stopped
+        root.mkdir(exist_ok=True)
+        for mount in reversed(_mounts_under(root)):  # left by an engine that was killed
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        return root
+
+    def _forget_containers(self) -> None:
+        ids = self.docker("ps", "-aq").split()
+        if ids:
+            self.docker("rm", "-f", "-v", *ids, timeout=_PRUNE_TIMEOUT_S)
 
     def stop(self) -> Leftovers:
         """Remove this engine's containers, stop dockerd, undo any mount it left; what remains."""
-        where = self.dir
+        if self._attached:
+            return Leftovers((), (), ())
+        where, data_root = self.dir, self.data_root
         self._children.close()
-        self.dir = None
-        return self.leftovers(where) if where is not None else Leftovers((), (), ())
+        self.dir = self.data_root = None
+        if where is None:
+            return Leftovers((), (), ())
+        found = self.leftovers(where)
+        if data_root is not None and not data_root.is_relative_to(where):
+            found = Leftovers((*found.mounts, *_mounts_under(data_root)), found.processes, found.paths)
+        return found
 
     def _stop_dockerd(self) -> None:
         dockerd, self._dockerd = self._dockerd, None
@@ -218,8 +287,9 @@ class DockerEngine(StartStop):
                 time.sleep(0.05)
         dockerd.stop()  # reaps it, and sweeps anything left in its group
         assert self.dir is not None
-        for mount in reversed(_mounts_under(self.dir)):  # normally none: dockerd unmounts on exit
-            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        roots = [self.dir] + ([self.data_root] if self.data_root is not None else [])
+        for mount in reversed([m for root in roots for m in _mounts_under(root)]):
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)  # normally none
         for cgroup in _cgroups_named(self.cgroup_parent):  # empty once its containers are gone
             for below in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                 with contextlib.suppress(OSError):
@@ -245,6 +315,8 @@ class DockerEngine(StartStop):
 
     @property
     def running(self) -> bool:
+        if self._attached:
+            return self.dir is not None and self.socket.exists() and _ping_quietly(self.socket)
         return self._dockerd is not None and self._dockerd.running
 
     def env(self) -> dict[str, str]:

@@ -11,6 +11,12 @@ it (``harness.cluster.container_engine``), a built image is saved to
 ``<cache>/images/<name>-<hash>.tar``; the next engine loads that file instead of building. A changed
 input changes the tag, so a stale image is never used. Builds of one image by several processes at
 once are serialised by a file lock: the second finds the tarball and loads it.
+
+An engine on the kept data root (``kept_engine()``; ``harness.cluster.container_engine``) finds its
+images still present from the last run: nothing is loaded, and ``ensure_image`` only touches the
+tarball so the cache's pruning keeps it. At start such an engine drops the images of ours whose
+tarball the cache no longer keeps (an older checkout's), dangling layers and the build cache, so
+the kept root stays as small as the tarball cache.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from typing import Final
 from harness.base.binaries import cache_root
 from harness.base.process import temp_prefix
 from harness.cluster.container_engine import DockerEngine, EngineUnavailable, cache_lock, ensure_packages
+
+OUR_REPOSITORIES: Final = "epp-harness/"
+"""Every image the harness builds is in a repository with this prefix."""
 
 CONTENT_LABEL: Final = "epp-harness.content"
 DEBOOTSTRAP: Final = Path("/usr/sbin/debootstrap")
@@ -118,10 +127,13 @@ def _prune(tag: str) -> None:
 def ensure_image(engine: DockerEngine, tag: str, build: Callable[[], None]) -> ImageReady:
     """``tag`` in ``engine``: already there, loaded from its tarball, or built by ``build()`` and saved."""
     began = time.monotonic()
-    if engine.has_image(tag):
-        return ImageReady(tag, "present", 0.0)
     saved = tarball(tag)
+    if engine.has_image(tag):
+        _touch(saved)
+        return ImageReady(tag, "present", time.monotonic() - began)
     with cache_lock(f"image-{saved.stem}"):
+        if engine.has_image(tag):  # another process sharing this engine loaded it meanwhile
+            return ImageReady(tag, "present", time.monotonic() - began)
         if not saved.exists():
             build()
             saved.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +146,35 @@ def ensure_image(engine: DockerEngine, tag: str, build: Callable[[], None]) -> I
     if not engine.has_image(tag):
         raise EngineUnavailable(f"{saved} did not load as {tag}")
     return ImageReady(tag, "loaded", time.monotonic() - began)
+
+
+def _touch(saved: Path) -> None:
+    if saved.exists():
+        os.utime(saved)
+
+
+def kept_engine() -> DockerEngine:
+    """A started engine on the kept data root (a temporary one if another engine holds it), without
+    the images the cache no longer keeps."""
+    engine = DockerEngine(persistent=True).start()
+    try:
+        prune_images(engine)
+    except BaseException:
+        engine.stop()
+        raise
+    return engine
+
+
+def prune_images(engine: DockerEngine) -> list[str]:
+    """Remove images of ours without a cached tarball, dangling images and the build cache; the
+    tags removed."""
+    listed = engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}").split()
+    stale = [tag for tag in listed if tag.startswith(OUR_REPOSITORIES) and not tarball(tag).exists()]
+    if stale:
+        engine.docker("rmi", "--force", *stale, timeout=_LOAD_TIMEOUT_S)
+    engine.docker("image", "prune", "--force", timeout=_LOAD_TIMEOUT_S)
+    engine.docker("builder", "prune", "--all", "--force", timeout=_LOAD_TIMEOUT_S, check=False)
+    return stale
 
 
 def base_image(engine: DockerEngine, recipe: DebianBase | None = None) -> ImageReady:

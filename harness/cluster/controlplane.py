@@ -103,6 +103,8 @@ class ClusterAccess:
     client_key_path: Path | None = None
     ca_key_path: Path | None = None
     node_agent_url: str | None = None  # the node agent's /healthz and /debug/pods, when the plane runs one
+    # The container engine the node agent runs our images in (its directory), when it has one.
+    container_engine: Path | None = None
 
     @classmethod
     def from_kubeconfig(cls, path: Path) -> ClusterAccess:
@@ -137,7 +139,7 @@ class ClusterAccess:
 
         return cls(Path(data["kubeconfig_path"]), str(data["server_url"]), path("ca_cert_path"),
                    path("client_cert_path"), path("client_key_path"), path("ca_key_path"),
-                   data.get("node_agent_url"))  # fmt: skip
+                   data.get("node_agent_url"), path("container_engine"))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=8)
@@ -166,12 +168,15 @@ class ControlPlane(StartStop):
         etcd_port: int | None = None,
         extra_apiserver_args: Sequence[str] = (),
         nodes: int = DEFAULT_NODES,
+        container_engine: Path | None = None,
     ) -> None:
         """``components`` is ``FULL`` (default), ``CONTROLLERS``, ``MINIMAL``, or any set containing
         both of ``MINIMAL``'s (the node agent also needs the scheduler and the controller-manager).
         ``binaries`` overrides the path of a component's binary (default: the environment / cache /
         build of ``harness.cluster.go_binaries``). ``etcd_port`` pins etcd's client port instead of reserving
-        a free one (tests use it to provoke a port clash). ``nodes``: how many Nodes the agent runs."""
+        a free one (tests use it to provoke a port clash). ``nodes``: how many Nodes the agent runs.
+        ``container_engine``: the directory of a running ``DockerEngine`` (its owner starts and stops
+        it); the node agent runs our images as containers there (``harness.nodeagent.containers``)."""
         unknown = set(components) - set(FULL)
         if unknown or not set(MINIMAL) <= set(components):
             raise ValueError(f"components must include {MINIMAL} and be among {FULL}, got {components}")
@@ -187,6 +192,7 @@ class ControlPlane(StartStop):
         self._etcd_port = etcd_port
         self._extra_apiserver_args = list(extra_apiserver_args)
         self.nodes = nodes
+        self.container_engine = container_engine
         self.root: Path | None = None
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
@@ -523,7 +529,10 @@ class ControlPlane(StartStop):
             grant_node_agent(api_client, NODE_AGENT_USER)
         port = self._reserve()
         url = f"http://{LOOPBACK}:{port}"
-        self._access = dataclasses.replace(self._access, node_agent_url=url)
+        self._access = dataclasses.replace(
+            self._access, node_agent_url=url, container_engine=self.container_engine
+        )
+        engine = [f"--container-engine={self.container_engine}"] if self.container_engine else []
         return ManagedProcess(
             NODE_AGENT,
             sys.executable,
@@ -534,6 +543,7 @@ class ControlPlane(StartStop):
                 f"--state-dir={directory / 'state'}",
                 f"--nodes={self.nodes}",
                 f"--health-port={port}",
+                *engine,
             ],
             dir=directory,
             health_url=f"{url}/healthz",

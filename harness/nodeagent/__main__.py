@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--backoff-max", type=float, default=BackoffPolicy.maximum,
                         help="crash-loop backoff cap in seconds (a kubelet: 300)")  # fmt: skip
     parser.add_argument("--no-events", action="store_true", help="do not record Events on pods")
+    parser.add_argument("--container-engine", type=Path, metavar="DIR",
+                        help="run our images (epp-harness/*) as containers in the running engine of "
+                        "this directory (harness.cluster.container_engine); others: processes")  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
 
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         host_ip=args.host_ip,
         backoff=BackoffPolicy(args.backoff_initial, args.backoff_max),
         events=not args.no_events,
+        container_engine=args.container_engine,
     )
     try:
         asyncio.run(_main(settings))

@@ -11,6 +11,11 @@ It serves, on a loopback port of its own:
   container launcher is up; 503 before (the control plane waits for it);
 * ``/debug/pods``: every pod it runs, with address, containers, pids, restart counts (JSON).
 
+Given a container engine (``container_engine``: the directory of a running
+``harness.cluster.container_engine.DockerEngine``, which its owner starts and stops), the agent runs
+our images as real containers in it (``harness.nodeagent.containers``) and everything else as
+processes; at the end it removes every container it created.
+
 Every background task has this object as its owner (``_tasks``); ``run()`` returns only after all of
 them are cancelled and every container process is gone. The launcher dying is fatal: ``run()``
 raises ``LauncherGone`` and the process exits non-zero, so whoever supervises the agent notices.
@@ -33,7 +38,9 @@ from epp.k8s.client import PODS, KubeClient
 from epp.k8s.config import load_kubeconfig
 from epp.k8s.informer import DELETED, Informer, InformerEvent
 from harness.base.addresses import AddressPool
+from harness.cluster.container_engine import DockerEngine
 from harness.nodeagent.api import PodApi
+from harness.nodeagent.containers import ContainerLauncher
 from harness.nodeagent.epp_image import AGENT_IMAGES
 from harness.nodeagent.images import ImageMap
 from harness.nodeagent.pod import AgentContext, BackoffPolicy, PodWorker
@@ -59,6 +66,7 @@ class AgentSettings:
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     events: bool = True
     images: ImageMap = AGENT_IMAGES  # the defaults and the EPP's own image
+    container_engine: Path | None = None  # run our images as containers in this engine
 
 
 class NodeAgent:
@@ -82,6 +90,11 @@ class NodeAgent:
         server = urllib.parse.urlsplit(config.server)
         api, client = PodApi(config), KubeClient(config)
         launcher = Launcher(settings.images.preload, settings.state_dir / "launcher.log")
+        containers = (
+            ContainerLauncher(DockerEngine.attach(settings.container_engine), str(settings.state_dir))
+            if settings.container_engine is not None
+            else None
+        )
         prober = Prober()
         health = await self._serve_health()
         node_set = None
@@ -109,6 +122,7 @@ class NodeAgent:
                 record_event=self._record_event,
                 spawn=self._spawn,
                 forget=self._forget,
+                containers=containers,
             )
             informers = [self._informer(client, ctx, name) for name in self.node_names]
             for informer in informers:
@@ -130,6 +144,8 @@ class NodeAgent:
             self._healthy = False
             await launcher.close()  # every container process dies with it
             await self._cancel_tasks()
+            if containers is not None:
+                await containers.close()  # and every real container
             await prober.close()
             await client.close()
             await api.close()

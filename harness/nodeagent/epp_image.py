@@ -74,7 +74,7 @@ class EppRuntime:
         args = container.get("args") or []
         if not isinstance(args, list):
             raise ContainerConfigError("args must be a list of strings")
-        network = ("--bindAddress", context.pod_ip, "--debugBindAddress", context.pod_ip)
+        network = epp_address_args(context.pod_ip)
         env = list(layout.env)
         if _automounts_token(context.pod):
             directory = context.workdir / f"{container.get('name', 'container')}.serviceaccount"
@@ -92,6 +92,11 @@ class EppRuntime:
         except ServiceAccountVolumeError as exc:
             raise ContainerConfigError(str(exc)) from exc
         context.run_alongside(volume.keep_fresh(), "token renewal")
+
+
+def epp_address_args(pod_ip: str) -> tuple[str, ...]:
+    """What tells the EPP its pod's address: its servers and its debug view bind there."""
+    return ("--bindAddress", pod_ip, "--debugBindAddress", pod_ip)
 
 
 def _automounts_token(pod: Mapping[str, Any]) -> bool:

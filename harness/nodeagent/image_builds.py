@@ -100,7 +100,7 @@ class EppImageBuild:
         def build() -> None:
             bases.append(base_image(engine, self.base))
             tag = self.build_base_tag()
-            bases.append(ensure_image(engine, tag, lambda: self._build_base(engine, tag)))
+            bases.append(ensure_image(engine, tag, lambda: self.build_base(engine, tag)))
             self._build_epp(engine, epp_tag)
 
         epp_tag = self.epp_tag()
@@ -109,7 +109,7 @@ class EppImageBuild:
 
     # ------------------------------------------------------------------ the builds
 
-    def _build_base(self, engine: DockerEngine, tag: str) -> None:
+    def build_base(self, engine: DockerEngine, tag: str) -> None:
         with tempfile.TemporaryDirectory(prefix=temp_prefix("wheelhouse")) as work:
             context = Path(work)
             wheelhouse = context / "wheelhouse"
@@ -145,7 +145,7 @@ class EppImageBuild:
         with tempfile.TemporaryDirectory(prefix=temp_prefix("epp-context")) as work:
             context = Path(work)
             for source, destination in self.context_files():
-                _copy_into(self.source / source, context / destination)
+                copy_into(self.source / source, context / destination)
             engine.docker(
                 "build", "--network", "none",
                 "--build-arg", f"BASE_IMAGE={self.base.tag}",
@@ -156,7 +156,7 @@ class EppImageBuild:
             )  # fmt: skip
 
 
-def _copy_into(origin: Path, target: Path) -> None:
+def copy_into(origin: Path, target: Path) -> None:
     """COPY semantics for the cases the Containerfile uses: a directory's content, a file into a dir."""
     if origin.is_dir():
         shutil.copytree(origin, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)

@@ -41,9 +41,11 @@ from typing import Any, Final
 
 import aiohttp
 
+from harness.cluster.container_engine import DockerCommandError
 from harness.nodeagent import probes
 from harness.nodeagent.api import ApiFailed, PodApi, PodGone
-from harness.nodeagent.images import ContainerConfigError, ImageMap, LaunchContext, image_id
+from harness.nodeagent.containers import ContainerLauncher, ContainerRun, ContainerRuntime
+from harness.nodeagent.images import ContainerConfigError, ImageMap, LaunchContext, Runtime, image_id
 from harness.nodeagent.runtime import (
     Command,
     Executable,
@@ -110,6 +112,8 @@ class AgentContext:
     ]  # pod, node, type, reason, msg, field
     spawn: Callable[[Awaitable[None], str], asyncio.Task[None]]  # an owned background task
     forget: Callable[[PodWorker], None]
+    # Runs our images as real containers (harness.nodeagent.containers); None: processes only.
+    containers: ContainerLauncher | None = None
 
 
 def now() -> datetime:
@@ -323,17 +327,31 @@ class ContainerWorker:
         }
 
     # ---- the container's life ------------------------------------------------------------------------
-    async def run(self) -> None:
+    async def _runtime(self) -> Runtime | ContainerRuntime | None:
+        """A real container for our images when the agent has an engine, else the image map's process."""
         ctx = self.pod.ctx
-        runtime = ctx.images.resolve(self.image)
+        if ctx.containers is not None:
+            try:
+                runtime = await ctx.containers.runtime_for(self.image)
+            except DockerCommandError as exc:
+                log.error("%s/%s: the container engine failed: %s", self.pod.key, self.name, exc)
+            else:
+                if runtime is not None:
+                    return runtime
+        return ctx.images.resolve(self.image)
+
+    async def run(self) -> None:
+        runtime = await self._runtime()
         if runtime is None:
             await self._image_pull_failure()
             return
         try:
-            command = await runtime.prepare(self.spec, self._launch_context())
+            command: Command | ContainerRun = await runtime.prepare(self.spec, self._launch_context())
             env = container_env(self.spec, self.pod)
             if isinstance(command, Executable) and command.env:
                 env = {**dict(command.env), **env}
+            if isinstance(command, ContainerRun) and not _sets(self.spec, "PATH"):
+                env.pop("PATH")  # not the agent's: the image's own PATH applies in a container
             command = expand_command(command, env)
             annotations = (self.pod.pod.get("metadata") or {}).get("annotations") or {}
             readiness = probes.parse(self.spec.get("readinessProbe"), self.spec, annotations)
@@ -345,7 +363,9 @@ class ContainerWorker:
             await self.pod.sync_status()
             await self._stop.wait()
             return
-        self.status.image_id = image_id(self.image)
+        self.status.image_id = (
+            f"docker://{command.image.id}" if isinstance(command, ContainerRun) else image_id(self.image)
+        )
         self.pod.event(
             "Normal", "Pulled", f'Container image "{self.image}" already present on machine', self.name
         )
@@ -381,7 +401,7 @@ class ContainerWorker:
 
     async def _run_once(
         self,
-        command: Command,
+        command: Command | ContainerRun,
         env: Mapping[str, str],
         readiness: probes.Probe | None,
         liveness: probes.Probe | None,
@@ -392,7 +412,11 @@ class ContainerWorker:
         first = not self.status.ever_ran
         log_file = self.pod.workdir / f"{self.name}.log"
         try:
-            process = await ctx.launcher.run(command, env=env, log_file=log_file, cwd=self.pod.workdir)
+            if isinstance(command, ContainerRun):
+                assert ctx.containers is not None
+                process = await ctx.containers.run(command, env=env, log_file=log_file, pod_uid=self.pod.uid)
+            else:
+                process = await ctx.launcher.run(command, env=env, log_file=log_file, cwd=self.pod.workdir)
         except StartFailed as exc:
             self.status.terminated(128, None, "StartError", now())
             self.status.message = str(exc)
@@ -402,7 +426,8 @@ class ContainerWorker:
         self.process = process
         if not first:
             self.status.restart_count += 1
-        self.status.running(f"harness://{secrets.token_hex(32)}", now())
+        container_id = f"docker://{process.container_id}" if process.container_id else ""
+        self.status.running(container_id or f"harness://{secrets.token_hex(32)}", now())
         self.status.started = startup is None
         self.status.ready = readiness is None and self.status.started
         self._restart.clear()
@@ -445,17 +470,25 @@ class ContainerWorker:
 
     def _exited(self, status: ExitStatus) -> None:
         code = status.container_exit_code
-        self.status.terminated(code, status.signal, "Completed" if code == 0 else "Error", now())
+        reason = status.reason or ("Completed" if code == 0 else "Error")
+        self.status.terminated(code, status.signal, reason, now())
+
+    async def _signal(self, process: Process, sig: signal.Signals) -> None:
+        """SIGTERM/SIGKILL through whichever runtime started the process."""
+        ctx = self.pod.ctx
+        if process.container_id and ctx.containers is not None:
+            await ctx.containers.signal(process, sig)
+            return
+        with contextlib.suppress(LauncherGone):
+            await ctx.launcher.signal(process, sig)
 
     async def _terminate(self, process: Process, *, pre_stop: bool, deadline: float) -> None:
         """preStop (graceful only), SIGTERM, Ready=False written, wait until ``deadline``, SIGKILL."""
-        ctx = self.pod.ctx
         if pre_stop and not self.pod.gone:
             await self._pre_stop(deadline)
         if not process.exited.done():
             self.pod.event("Normal", "Killing", f"Stopping container {self.name}", self.name)
-            with contextlib.suppress(LauncherGone):
-                await ctx.launcher.signal(process, signal.SIGTERM)
+            await self._signal(process, signal.SIGTERM)
         self.status.ready = False
         self.status.started = False
         await self.pod.sync_status()
@@ -473,8 +506,7 @@ class ContainerWorker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(process.exited), FORCED_STOP_S)
         if not process.exited.done():
-            with contextlib.suppress(LauncherGone):
-                await ctx.launcher.signal(process, signal.SIGKILL)
+            await self._signal(process, signal.SIGKILL)
         self._exited(await process.exited)
 
     async def _pre_stop(self, deadline: float) -> None:
@@ -668,6 +700,10 @@ def container_env(spec: Mapping[str, Any], worker: PodWorker) -> dict[str, str]:
     return env
 
 
+def _sets(spec: Mapping[str, Any], variable: str) -> bool:
+    return any(entry.get("name") == variable for entry in spec.get("env") or ())
+
+
 def expand(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes' ``$(VAR)`` expansion: defined variables are replaced, ``$$`` is a literal ``$``."""
 
@@ -679,5 +715,8 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     return _VARIABLE.sub(replace, text)
 
 
-def expand_command(command: Command, env: Mapping[str, str]) -> Command:
-    return dataclasses.replace(command, argv=tuple(expand(a, env) for a in command.argv))
+def expand_command(command: Command | ContainerRun, env: Mapping[str, str]) -> Command | ContainerRun:
+    expanded = dataclasses.replace(command, argv=tuple(expand(a, env) for a in command.argv))
+    if isinstance(expanded, ContainerRun) and expanded.entrypoint is not None:
+        expanded = dataclasses.replace(expanded, entrypoint=expand(expanded.entrypoint, env))
+    return expanded

@@ -37,6 +37,7 @@ class StartFailed(RuntimeError):
 class ExitStatus:
     code: int | None  # exit code, or None when killed by a signal
     signal: int | None
+    reason: str | None = None  # what a runtime may know beyond the code ("OOMKilled")
 
     @property
     def container_exit_code(self) -> int:
@@ -46,10 +47,12 @@ class ExitStatus:
 
 @dataclass
 class Process:
-    """One running container process; ``exited`` resolves when the zygote has reaped it."""
+    """One running container process; ``exited`` resolves when the zygote has reaped it (or, for a
+    real container, ``harness.nodeagent.containers``, when the engine reports its exit)."""
 
     pid: int
     exited: asyncio.Future[ExitStatus] = field(repr=False)
+    container_id: str = ""  # the engine's id, for a real container
 
 
 @dataclass(frozen=True)

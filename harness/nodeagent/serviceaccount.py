@@ -61,7 +61,10 @@ class ProjectedServiceAccount:
         *,
         expiration_seconds: int = TOKEN_EXPIRATION_S,
         clock: Callable[[], float] = time.time,
+        mode: int = 0o600,
     ) -> None:
+        """``mode``: of every file (0600 for a program of the agent's own user; a container's volume
+        gets the projected volume's ``defaultMode``, 0644, so the image's user can read it)."""
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         self._api = api
         self._pod = pod
@@ -70,6 +73,7 @@ class ProjectedServiceAccount:
         self.directory = directory
         self._expiration_seconds = expiration_seconds
         self._clock = clock
+        self._mode = mode
         self.refresh_at = 0.0  # wall-clock time of the next renewal
         self.renewals = 0  # tokens written after the first
 
@@ -98,8 +102,8 @@ class ProjectedServiceAccount:
                     ) from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_S)
-        _replace(self.directory / "ca.crt", ca)
-        _replace(self.directory / "namespace", self.namespace)
+        _replace(self.directory / "ca.crt", ca, self._mode)
+        _replace(self.directory / "namespace", self.namespace, self._mode)
 
     async def keep_fresh(self) -> None:
         """Renew the token at ``refresh_at``; a failed renewal is retried (the old token is still
@@ -127,7 +131,7 @@ class ProjectedServiceAccount:
             raise ApiFailed("the TokenRequest answer carries no token")
         expires = _expiry(status.get("expirationTimestamp"), issued + self._expiration_seconds)
         self.refresh_at = issued + REFRESH_FRACTION * max(0.0, expires - issued)
-        _replace(self.token_path, token)
+        _replace(self.token_path, token, self._mode)
 
 
 def _expiry(stamp: Any, default: float) -> float:
@@ -139,10 +143,11 @@ def _expiry(stamp: Any, default: float) -> float:
         return default
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` by atomic rename (readable only by this user, as a token must be)."""
+def _replace(path: Path, text: str, mode: int) -> None:
+    """Write ``text`` to ``path`` by atomic rename, with ``mode``."""
     temporary = path.with_name(f".{path.name}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(text)
+        os.fchmod(file.fileno(), mode)
     os.replace(temporary, path)

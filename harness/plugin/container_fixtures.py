@@ -9,20 +9,25 @@ how to enable them, otherwise. When enabled and no engine can run here, they ski
 (``harness.cluster.container_engine.EngineUnavailable``), as the upstream-EPP tests do when that EPP
 is not built.
 
-One engine per test process (xdist workers each start their own: an engine's data root is its own),
-stopped at the end of the session; images come from the content-addressed cache.
+One engine per run: the owner of the shared control plane starts it with the plane
+(``harness.plugin.core``), the node agent runs our images in it, and ``container_engine`` is a
+client of it in every worker, so an image is loaded or built once per run, and on the kept data
+root not at all when nothing changed. With an external cluster (``--kubeconfig``) the test process
+starts an engine of its own instead, stopped at the end of the session.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
 import pytest
 
-from harness.cluster.container_engine import DockerEngine, EngineUnavailable
+from harness.cluster.container_engine import DockerCommandError, DockerEngine, EngineUnavailable
+from harness.cluster.container_images import ImageReady
 from harness.nodeagent.image_builds import BuiltImages, EppImageBuild
 
 if TYPE_CHECKING:  # imported when first used: Envoy's API types are slow to import for unit-only runs
@@ -59,7 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def containers_enabled(config: pytest.Config) -> bool:
-    return bool(config.getoption("containers")) or os.environ.get(CONTAINERS_ENV, "") not in ("", "0")
+    """``--containers``, ``$EPP_HARNESS_CONTAINERS``, or ``--envoy=container`` (which needs an engine)."""
+    if config.getoption("containers", False) or config.getoption("envoy", "process") == "container":
+        return True
+    return os.environ.get(CONTAINERS_ENV, "") not in ("", "0")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -67,18 +75,44 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(OPT_IN)
 
 
-@pytest.fixture(scope="session")
-def container_engine() -> Iterator[DockerEngine]:
-    """A running ``dockerd`` of this test process; the tests skip with the reason if none can run."""
-    engine = DockerEngine()
+def prepare_images(engine: DockerEngine) -> None:
+    """The EPP, simulator and Envoy images in ``engine`` (present, loaded, or built), said on the
+    terminal; a failure is printed and left to the fixtures, which skip with it."""
+    import time
+
+    from harness.dataplane.envoy_container import envoy_image
+    from harness.nodeagent.sim_image import SimImageBuild
+
+    began = time.monotonic()
+    print("\nharness: container tier: the EPP, simulator and Envoy images (a cold build takes minutes) ...",
+          file=sys.stderr, flush=True)  # fmt: skip
     try:
-        engine.start()
+        made = [EppImageBuild().ensure(engine).epp, SimImageBuild().ensure(engine), envoy_image(engine)]
+    except (EngineUnavailable, DockerCommandError) as exc:
+        print(f"harness: container tier: images not ready: {exc}", file=sys.stderr, flush=True)
+        return
+    said = ", ".join(f"{image.tag} {image.how}" for image in made)
+    print(f"harness: container tier: {said} ({time.monotonic() - began:.1f} s)", file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="session")
+def container_engine(pytestconfig: pytest.Config) -> Iterator[DockerEngine]:
+    """The run's ``dockerd`` (or, with an external cluster, one of this test process); the tests skip
+    with the reason if none can run."""
+    from harness.cluster.container_images import kept_engine
+    from harness.plugin.core import run_container_engine
+
+    if not containers_enabled(pytestconfig):
+        pytest.skip(OPT_IN)
+    try:
+        shared = run_container_engine(pytestconfig)
+        engine = shared or kept_engine()
     except EngineUnavailable as exc:
         pytest.skip(f"no container engine: {exc}")
     try:
         yield engine
     finally:
-        engine.stop()
+        engine.stop()  # a no-op for the run's engine: its owner stops it
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +122,17 @@ def epp_image(container_engine: DockerEngine) -> BuiltImages:
         return EppImageBuild().ensure(container_engine)
     except EngineUnavailable as exc:
         pytest.skip(f"the EPP image cannot be built here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def sim_image(container_engine: DockerEngine) -> ImageReady:
+    """The vLLM simulator's image (``harness.nodeagent.sim_image``, cached by content)."""
+    from harness.nodeagent.sim_image import SimImageBuild
+
+    try:
+        return SimImageBuild().ensure(container_engine)
+    except EngineUnavailable as exc:
+        pytest.skip(f"the simulator image cannot be built here: {exc}")
 
 
 @pytest.fixture(scope="session")

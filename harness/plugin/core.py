@@ -12,6 +12,12 @@ test that needs it (unit-only runs never start anything), stopped by the process
   running" for each), and no refcount can go wrong when a worker crashes.
 * ``--kubeconfig PATH`` / ``HARNESS_KUBECONFIG`` uses an existing cluster instead (CRDs are applied
   to it, idempotently, since the tests need them).
+* With the container tier on (``harness.plugin.container_fixtures``), the plane's owner also starts
+  one container engine for the run (on the kept data root: images from the last run are present),
+  before the plane: the node agent runs our images in it, and every worker's ``container_engine``
+  is a client of it (``run_container_engine``), so images are made ready once per run. It is
+  stopped after the plane. If it cannot start, the plane starts without it and the container
+  tests skip with the reason.
 
 The autouse leak guard snapshots after all higher-scoped fixtures are set up (pytest orders fixtures
 by scope) and checks after the test's function-scoped fixtures are torn down, so only what the test
@@ -27,6 +33,7 @@ import shutil
 import signal
 import socket
 import socketserver
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +51,8 @@ from harness.cluster.namespaces import TEST_LABEL, create_namespace, namespace_n
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
+
+    from harness.cluster.container_engine import DockerEngine
 
 __all__ = ["namespace_name"]  # re-exported: fixtures elsewhere name their namespaces with it
 
@@ -99,9 +108,26 @@ def pytest_configure(config: pytest.Config) -> None:
     sweep_orphans()
     config.stash[_RUN_DIR] = Path(tempfile.mkdtemp(prefix=temp_prefix("run")))
     config.stash[_OWNS_RUN_DIR] = True
-    local = _LocalPlane(release)
-    config.stash[_PLANE_SOURCE] = _PlaneSource(local.access, local)
+    from harness.plugin.container_fixtures import containers_enabled
+
+    local = _LocalPlane(release, containers=containers_enabled(config))
+    config.stash[_PLANE_SOURCE] = _PlaneSource(
+        lambda what: local.engine() if what == _ENGINE else local.access(), local
+    )
     _stop_on_sigterm(config)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist starts its workers
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With the container tier on, the run's owner starts the engine and makes the images ready
+    before any test runs: a cold build takes minutes, more than a test's timeout, and every worker
+    then finds the images present."""
+    config = session.config
+    if not config.stash.get(_OWNS_RUN_DIR, False) or external_cluster(config):
+        return
+    source = config.stash[_PLANE_SOURCE]
+    if source.owner is not None:
+        source.owner.prepare_images()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -164,20 +190,26 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 class _LocalPlane:
-    """The owner's plane: started on first use (once, even when asked from several threads)."""
+    """The owner's plane (and, with the container tier, the run's engine): started on first use
+    (once, even when asked from several threads)."""
 
-    def __init__(self, crd_release: str | None) -> None:
+    def __init__(self, crd_release: str | None, containers: bool = False) -> None:
         self._crd_release = crd_release
+        self._containers = containers
         self._lock = threading.Lock()
         self._plane: ControlPlane | None = None
+        self._engine: DockerEngine | None = None
         self._error: str | None = None
+        self._engine_error: str | None = None
 
     def access(self) -> dict[str, Any]:
         """``{"access": ...}`` or ``{"error": ...}`` (a failed start is not retried: it would cost a
         minute per test)."""
         with self._lock:
             if self._error is None and self._plane is None:
-                plane = ControlPlane(crd_release=self._crd_release)
+                self._start_engine()
+                engine = self._engine.dir if self._engine is not None else None
+                plane = ControlPlane(crd_release=self._crd_release, container_engine=engine)
                 try:
                     plane.start()
                 except Exception as exc:
@@ -189,28 +221,74 @@ class _LocalPlane:
             assert self._plane is not None
             return {"access": self._plane.access.to_json()}
 
+    def engine(self) -> dict[str, Any]:
+        """``{"engine": directory or None, "engine_error": reason or None}``; starts only the engine."""
+        with self._lock:
+            self._start_engine()
+            engine = self._engine.dir if self._engine is not None else None
+            return {"engine": str(engine) if engine else None, "engine_error": self._engine_error}
+
+    def prepare_images(self) -> None:
+        """The engine, and every image the tier uses, ready (built on a cold cache); a failure is
+        left for the fixtures to report."""
+        with self._lock:
+            self._start_engine()
+            if self._engine is None:
+                return
+            from harness.plugin.container_fixtures import prepare_images
+
+            prepare_images(self._engine)
+
+    def _start_engine(self) -> None:
+        """Once, with the container tier on (a failure is kept as the reason the tier skips)."""
+        if not self._containers or self._engine is not None or self._engine_error is not None:
+            return
+        from harness.cluster.container_engine import EngineUnavailable
+        from harness.cluster.container_images import kept_engine
+
+        try:
+            self._engine = kept_engine()
+        except EngineUnavailable as exc:
+            self._engine_error = str(exc)
+
     def close(self) -> None:
         with self._lock:
-            if self._plane is not None:
-                self._plane.stop()
-                self._plane = None
+            try:
+                if self._plane is not None:
+                    self._plane.stop()
+                    self._plane = None
+            finally:
+                if self._engine is not None:
+                    leftovers = self._engine.stop()
+                    self._engine = None
+                    if leftovers:  # said where a run's output shows it, not swallowed
+                        print(f"\nharness: the run's container engine left {leftovers}", file=sys.stderr)
+
+
+_PLANE: Final = "control-plane"
+_ENGINE: Final = "engine"
 
 
 class _PlaneSource:
-    """Where this process gets the plane from (its own ``_LocalPlane`` or the xdist controller)."""
+    """Where this process gets the plane (and the run's engine) from: its own ``_LocalPlane`` or the
+    xdist controller."""
 
-    def __init__(self, fetch: Callable[[], dict[str, Any]], owner: _LocalPlane | None = None) -> None:
+    def __init__(self, fetch: Callable[[str], dict[str, Any]], owner: _LocalPlane | None = None) -> None:
         self._fetch = fetch
         self._owner = owner
 
+    @property
+    def owner(self) -> _LocalPlane | None:
+        return self._owner
+
     def access(self) -> ClusterAccess:
-        state = self._fetch()
+        state = self._fetch(_PLANE)
         if "error" in state:
             pytest.fail(f"the shared control plane failed to start:\n{state['error']}", pytrace=False)
         return ClusterAccess.from_json(state["access"])
 
-    def state(self) -> dict[str, Any]:
-        return self._fetch()
+    def state(self, what: str = _PLANE) -> dict[str, Any]:
+        return self._fetch(what)
 
     def close(self) -> None:
         if self._owner is not None:
@@ -242,23 +320,25 @@ class _PlaneRequestHandler(socketserver.StreamRequestHandler):
     server: _PlaneServer
 
     def handle(self) -> None:
-        self.rfile.readline()
-        self.wfile.write(json.dumps(self.server.source.state()).encode() + b"\n")
+        what = self.rfile.readline().decode().strip()
+        state = self.server.source.state(_ENGINE if what == _ENGINE else _PLANE)
+        self.wfile.write(json.dumps(state).encode() + b"\n")
 
 
-def _ask_controller(path: Path) -> Callable[[], dict[str, Any]]:
-    """A worker's end: ask the controller once, then remember the answer."""
-    answer: list[dict[str, Any]] = []
+def _ask_controller(path: Path) -> Callable[[str], dict[str, Any]]:
+    """A worker's end: ask the controller once for each thing (the plane, the engine), then remember
+    the answer."""
+    answers: dict[str, dict[str, Any]] = {}
 
-    def fetch() -> dict[str, Any]:
-        if not answer:
+    def fetch(what: str) -> dict[str, Any]:
+        if what not in answers:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
                 connection.settimeout(_REQUEST_TIMEOUT)
                 connection.connect(str(path))
-                connection.sendall(b"control-plane\n")
+                connection.sendall(what.encode() + b"\n")
                 with connection.makefile("rb") as reply:
-                    answer.append(json.loads(reply.readline()))
-        return answer[0]
+                    answers[what] = json.loads(reply.readline())
+        return answers[what]
 
     return fetch
 
@@ -270,8 +350,8 @@ def _ask_controller(path: Path) -> Callable[[], dict[str, Any]]:
 def control_plane(pytestconfig: pytest.Config) -> ClusterAccess:
     """Access to the run's API server: the full plane, started once per run (shared by xdist
     workers), or an external cluster."""
-    external = pytestconfig.getoption("kubeconfig") or os.environ.get(KUBECONFIG_ENV)
-    if external:
+    if external_cluster(pytestconfig):
+        external = pytestconfig.getoption("kubeconfig") or os.environ[KUBECONFIG_ENV]
         access = ClusterAccess.from_kubeconfig(Path(external))
         from harness.cluster import crds
 
@@ -279,6 +359,25 @@ def control_plane(pytestconfig: pytest.Config) -> ClusterAccess:
             crds.install_crds(api_client, release=pytestconfig.getoption("crd_release"))
         return access
     return pytestconfig.stash[_PLANE_SOURCE].access()
+
+
+def external_cluster(config: pytest.Config) -> bool:
+    return bool(config.getoption("kubeconfig") or os.environ.get(KUBECONFIG_ENV))
+
+
+def run_container_engine(config: pytest.Config) -> DockerEngine | None:
+    """A client of the run's container engine (the one the plane's node agent uses; started by the
+    run's owner on first request, the plane not necessarily); None when the run has none (an
+    external cluster, or the tier is off). Raises ``EngineUnavailable`` with the reason when it
+    could not start."""
+    from harness.cluster.container_engine import DockerEngine, EngineUnavailable
+
+    if external_cluster(config):
+        return None
+    state = config.stash[_PLANE_SOURCE].state(_ENGINE)
+    if state.get("engine_error"):
+        raise EngineUnavailable(str(state["engine_error"]))
+    return DockerEngine.attach(Path(state["engine"])) if state.get("engine") else None
 
 
 @pytest.fixture

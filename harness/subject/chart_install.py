@@ -12,6 +12,14 @@ the model servers are that generation's example (``Generation.example_manifest``
 its InferenceModels, or its InferenceModelRewrite and InferenceObjectives; the example's
 InferencePool is left out: the chart makes the pool).
 
+**The image.** ``ChartOptions.epp_image`` names the EPP image. By default it is
+``epp-harness/inference-epp:dev``, which no engine has: the node agent runs it as the Containerfile's
+ENTRYPOINT from this virtualenv (a process). With the container tier, it is the image built from
+this checkout (``harness.nodeagent.image_builds``, ``epp-harness/inference-epp:<content hash>``)
+and the plane's node agent has an engine: then each EPP pod is that image as a real container, under
+the chart's securityContext, with the projected token mounted where a kubelet mounts it
+(``harness.nodeagent.containers``).
+
 Envoy follows the pods as a gateway follows the Service's EndpointSlices: ``EndpointsFollower``
 lists the EPP pods (every 0.25 s) and rewrites Envoy's ext_proc endpoints (file-based EDS,
 ``EnvoyOptions.ext_proc_dynamic_endpoints``) to the pods whose Ready condition is True — a terminating
@@ -49,6 +57,8 @@ POOL: Final = "vllm-llama3-8b-instruct"
 """The release name, so the pool's name (the example's models point at it)."""
 BASE_MODEL: Final = "meta-llama/Llama-3.1-8B-Instruct"
 EPP_IMAGE_HUB: Final = "epp-harness"
+PROCESS_EPP_IMAGE: Final = f"{EPP_IMAGE_HUB}/inference-epp:dev"
+"""The image no engine has: the node agent runs the EPP from this virtualenv."""
 EXT_PROC_PORT: Final = 9002
 HEALTH_PORT: Final = 9003
 METRICS_PORT: Final = 9090
@@ -71,6 +81,10 @@ class ChartOptions:
         default_factory=lambda: ExtProcHealthCheck(interval_s=0.5, timeout_s=1.0)
     )
     ext_proc_retries: int = 1
+    # registry/repository:tag of the EPP pods' image (see the module doc).
+    epp_image: str = PROCESS_EPP_IMAGE
+    # `inferenceExtension.resources` (requests and limits), e.g. for the container runtime's cgroups.
+    epp_resources: Mapping[str, Any] | None = None
 
 
 def chart_values(options: ChartOptions) -> dict[str, Any]:
@@ -84,11 +98,14 @@ def chart_values(options: ChartOptions) -> dict[str, Any]:
         pool["targetPorts"] = [{"number": MODEL_SERVER_PORT}]
     else:
         pool["targetPortNumber"] = MODEL_SERVER_PORT
+    name, _, tag = options.epp_image.rpartition(":")
+    registry, _, repository = name.rpartition("/")
     return {
         "inferenceExtension": {
             "replicas": options.replicas,
-            "image": {"registry": EPP_IMAGE_HUB, "tag": "dev"},
+            "image": {"registry": registry, "repository": repository, "tag": tag},
             "flags": dict(options.flags),
+            **({"resources": dict(options.epp_resources)} if options.epp_resources else {}),
         },
         "inferencePool": pool,
     }

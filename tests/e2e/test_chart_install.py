@@ -16,11 +16,18 @@ starts an EPP by hand.
   InferenceModelRewrites in v1); its namespace only.
 
 The chart's pool is of the session's API generation (``--crd-release``), as are the example's models.
+
+With the container tier on (``--containers``), the EPP pods are the image we ship (built from this
+checkout's Containerfile, ``epp_image``) run by the node agent as real containers, with resource
+limits, and every test here runs against them; one more test checks that they are containers as
+the chart asks for them (non-root, read-only root, no capabilities, the projected token mounted,
+the limits in their cgroups).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import ssl
 import time
@@ -36,9 +43,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.base.eventually import eventually
+from harness.cluster.container_engine import DockerCommandError, DockerEngine
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.releases import MODEL_KINDS_GROUP, MODEL_KINDS_VERSION, session_generation
 from harness.dataplane.closed_loop import ClosedLoopLoad
+from harness.plugin.container_fixtures import containers_enabled
 from harness.scenarios.support import served_by
 from harness.subject.chart_install import BASE_MODEL, METRICS_PORT, ChartInstall, ChartOptions, pod_ip
 from harness.subject.epp_probe import health, metrics_text
@@ -59,9 +68,23 @@ EXAMPLE_MODEL_OBJECTS = {
 }
 
 
+# The EPP pods' resources when they are containers (the limits end up in their cgroups).
+CONTAINER_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"cpu": "1", "memory": "512Mi"},
+}
+MEMORY_LIMIT = 512 * 2**20
+
+
 @pytest.fixture
-def chart(control_plane: ClusterAccess, namespace: str, tmp_path: Path) -> Iterator[ChartInstall]:
-    with ChartInstall(control_plane, namespace, tmp_path / "chart", ChartOptions(replicas=2)) as install:
+def chart(
+    control_plane: ClusterAccess, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[ChartInstall]:
+    options = ChartOptions(replicas=2)
+    if containers_enabled(request.config):  # the image we ship, as containers
+        image = request.getfixturevalue("epp_image")
+        options = ChartOptions(replicas=2, epp_image=image.tag, epp_resources=CONTAINER_RESOURCES)
+    with ChartInstall(control_plane, namespace, tmp_path / "chart", options) as install:
         yield install
 
 
@@ -203,7 +226,8 @@ def epp_token(chart: ChartInstall) -> str:
     """The token the node agent projected into an EPP pod: what that EPP authenticates with."""
     pod = chart.serving_epp_pods()[0]
     run = next(p for p in _agent_pods(chart.access) if p["uid"] == pod["metadata"]["uid"])
-    return (Path(run["workdir"]) / "epp.serviceaccount" / "token").read_text().strip()
+    # <container>.serviceaccount for a process, <container>.<volume> (kube-api-access-*) for a container
+    return next(Path(run["workdir"]).glob("epp.*/token")).read_text().strip()
 
 
 def status_as(access: ClusterAccess, token: str, method: str, path: str, body: Any = None) -> int:
@@ -268,3 +292,52 @@ def test_the_epp_service_account_reads_its_namespace_and_writes_nothing(chart: C
     assert got_writes == dict.fromkeys(writes, 403)
     # The token is the pod's own and it works: the EPP pods still route (nothing was changed).
     assert len(chart.serving_epp_pods()) == chart.options.replicas
+
+
+# ---------------------------------------------------------------------- the image we ship, as containers
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+
+
+@pytest.mark.containers
+def test_the_epp_pods_are_the_image_we_ship_as_the_chart_asks_for_them(
+    chart: ChartInstall, container_engine: DockerEngine
+) -> None:
+    image_id = json.loads(container_engine.docker("image", "inspect", chart.options.epp_image))[0]["Id"]
+    pods = chart.serving_epp_pods()
+    assert len(pods) == 2
+    for pod in pods:
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["imageID"] == f"docker://{image_id}", status
+        assert status["containerID"].startswith("docker://"), status
+        container_id = status["containerID"].removeprefix("docker://")
+        details = json.loads(container_engine.docker("inspect", container_id))[0]
+        host = details["HostConfig"]
+        assert host["NetworkMode"] == "host"
+        assert host["ReadonlyRootfs"] is True
+        assert host["CapDrop"] == ["ALL"]
+        assert "no-new-privileges" in host["SecurityOpt"]
+        assert host["Memory"] == MEMORY_LIMIT
+        assert host["CpuQuota"] == 100_000, "limits.cpu 1 as a CFS quota over 100 ms"
+        assert set(host["Tmpfs"]) == {"/tmp"}, "the chart's in-memory emptyDir"
+        mounts = {m["Destination"]: m for m in details["Mounts"]}
+        token_mount = mounts["/var/run/secrets/kubernetes.io/serviceaccount"]
+        assert token_mount["RW"] is False, "the projected token is mounted read-only"
+        # The kernel's view: the image's user, no capabilities, the cgroup limit, its own pid namespace.
+        pid = int(details["State"]["Pid"])
+        fields = _status_fields(pid)
+        assert fields["Uid"].split() == ["65532"] * 4, fields["Uid"]
+        assert int(fields["CapEff"], 16) == 0
+        assert fields["NoNewPrivs"] == "1"
+        cgroup = Path("/sys/fs/cgroup/memory") / container_engine.cgroup_parent / container_id
+        assert int((cgroup / "memory.limit_in_bytes").read_text()) == MEMORY_LIMIT
+        assert os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+        # The EPP found its in-cluster configuration at the usual path (no $EPP_SERVICE_ACCOUNT_DIR).
+        env = dict(e.partition("=")[::2] for e in details["Config"]["Env"])
+        assert "EPP_SERVICE_ACCOUNT_DIR" not in env
+        assert health(f"{pod_ip(pod)}:{HEALTH_PORT}", "inference-extension") == "SERVING"
+        with pytest.raises(DockerCommandError, match="Read-only file system"):
+            container_engine.docker("exec", container_id, "python3", "-c", "open('/written-by-the-epp', 'w')")

@@ -10,7 +10,9 @@ every capability dropped, no privilege escalation), and must serve ext_proc for 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,6 @@ from kubernetes.client import ApiClient
 
 from harness.cluster.builders import PoolBuilder
 from harness.cluster.container_engine import DockerEngine
-from harness.cluster.container_images import tarball
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.kube import Kube
 from harness.dataplane.extproc_client import ExtProcClient
@@ -85,7 +86,8 @@ def test_the_epp_image_runs_as_the_chart_runs_it_non_root_with_a_read_only_root(
         assert inspected["NetworkMode"] == "host"
         # Still serving after all that: the checks did not disturb it.
         assert epp.health() == "SERVING"
-    assert not container_engine.docker("ps", "-aq").split(), "the EPP container outlived close()"
+    listed = container_engine.docker("ps", "-aq", "--filter", f"name={epp.name}").split()
+    assert not listed, "the EPP container outlived close()"
 
 
 def _net_devices() -> set[str]:
@@ -100,16 +102,29 @@ def _iptables_rules() -> str:
     return result.stdout
 
 
-def test_a_stopped_engine_leaves_nothing_behind(epp_image: BuiltImages) -> None:
-    """A second engine of its own, stopped with a container still running in it."""
+def _sleep_rootfs(into: Path) -> Path:
+    """A root filesystem of ``/bin/sleep`` and the libraries it links (an image of a few MB)."""
+    sleep = Path(shutil.which("sleep") or "/bin/sleep").resolve()
+    listed = subprocess.run(["ldd", str(sleep)], capture_output=True, text=True, check=True).stdout
+    libraries = [Path(word) for word in listed.split() if word.startswith("/")]
+    archive = into / "rootfs.tar"
+    with tarfile.open(archive, "w") as tar:
+        for path in (sleep, *libraries):
+            tar.add(path.resolve(), arcname=str(path).lstrip("/"))
+        tar.add(sleep, arcname="sleep")
+    return archive
+
+
+@pytest.mark.usefixtures("container_engine")  # the tier is on and an engine can run here
+def test_a_stopped_engine_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A second engine of its own (a temporary data root), stopped with a container still running."""
     devices, rules = _net_devices(), _iptables_rules()
     engine = DockerEngine().start()
     try:
         where = engine.dir
         assert where is not None
-        engine.docker("load", "-q", "-i", tarball(epp_image.tag), timeout=600)
-        engine.docker("run", "--detach", "--network", "none", "--entrypoint", "python3", epp_image.tag,
-                      "-c", "import time; time.sleep(600)")  # fmt: skip
+        engine.docker("import", _sleep_rootfs(tmp_path), "epp-harness-test/sleep:1")
+        engine.docker("run", "--detach", "--network", "none", "epp-harness-test/sleep:1", "/sleep", "600")
         assert engine.docker("ps", "-q").split(), "the container is not running"
     finally:
         leftovers = engine.stop()
