@@ -36,8 +36,9 @@ SERVING, NOT_SERVING = "SERVING", "NOT_SERVING"
 
 def complete(base_url: str, stack: Stack, max_tokens: int = 1) -> httpx2.Response:
     with httpx2.Client(base_url=base_url, timeout=CLIENT_TIMEOUT_S) as http:
-        body = {"model": MODEL, "prompt": "replica", "max_tokens": max_tokens}
-        return http.post("/completions", json=body, headers=cluster_of(stack).objective_headers(MODEL))
+        model = stack.model_for(MODEL)
+        body = {"model": model, "prompt": "replica", "max_tokens": max_tokens}
+        return http.post("/completions", json=body, headers=cluster_of(stack).objective_headers(model))
 
 
 def running_requests(metrics_text: str) -> int:

@@ -38,9 +38,10 @@ def serve_round(stack: Stack, candidates: int) -> Counter[str]:
     cluster = cluster_of(stack)
     served: Counter[str] = Counter()
     with httpx2.Client(base_url=stack.base_url, timeout=CLIENT_TIMEOUT_S) as http:
+        model = stack.model_for(MODEL)
         for _ in range(requests_needed(candidates)):
-            body = {"model": MODEL, "prompt": f"rank {uuid.uuid4().hex}", "max_tokens": 1}
-            response = http.post("/completions", json=body, headers=cluster.objective_headers(MODEL))
+            body = {"model": model, "prompt": f"rank {uuid.uuid4().hex}", "max_tokens": 1}
+            response = http.post("/completions", json=body, headers=cluster.objective_headers(model))
             assert response.status_code == 200, f"{response.status_code} {response.text!r}"
             served[served_by(response.headers)] += 1
     return served
