@@ -64,7 +64,8 @@ echo "==> actionlint (docs/ci: the workflow we publish for EPP repositories)"
 # with its own control plane and CRDs) finish in about half the time of the passes one after the other.
 # The v1 pass writes to a log printed when both are done; `worksteal` keeps a long test from leaving
 # the other workers idle at the end.
-echo "==> pytest, two passes at once: everything on v0.3.0's CRDs (API generation v1alpha2, 3 workers),"
+echo "==> pytest, two passes at once: everything on v0.3.0's CRDs (API generation v1alpha2, 3 workers,"
+echo "    with the container tier),"
 echo "    and the scenarios again on v1.5.0's CRDs (API generation v1, 2 workers)"
 v1_log=$(mktemp "${TMPDIR:-/tmp}/epp-ci-v1-pass.XXXXXX")
 .venv/bin/pytest -n 2 --dist worksteal --durations=15 --crd-release v1.5.0 "${V1_SCENARIOS[@]}" \
@@ -73,7 +74,9 @@ v1_pid=$!
 # An interrupted run stops the v1 pass too and leaves no log behind.
 trap 'kill "$v1_pid" 2>/dev/null; rm -f "$v1_log"' EXIT
 set +e
-.venv/bin/pytest -n 3 --dist worksteal --durations=25 "$@"
+# --containers: the container tier (our own dockerd; the EPP, Envoy and simulator images built from
+# this checkout and cached by content; chart pods as containers), README "Real containers".
+.venv/bin/pytest -n 3 --dist worksteal --durations=25 --containers "$@"
 rc=$?
 wait "$v1_pid"
 v1_rc=$?

@@ -1,11 +1,12 @@
-"""The Containerfile's install recipe, replayed without a container engine (none runs here).
+"""The Containerfile's install recipe, replayed without a container engine.
 
 The build stage's COPY lines decide what the build context holds, its wheel build and the runtime
 stage's offline install are repeated in a fresh virtualenv (kept in the harness cache under a key of
 the wheel's files, the lock and the interpreter: `installed_venvs`), and the image's ENTRYPOINT must
 then run. This catches a wheel that misses a module or a dependency missing from requirements/epp.txt;
-what it cannot check (the base image, the USER switch, BuildKit's bind mount) is covered by hadolint
-and the static tests in tests/unit/packaging.
+what it cannot check (the base image, the USER switch, BuildKit's bind mount) the container tier
+checks on the image itself (tests/e2e/test_epp_container.py, where an engine runs), hadolint and the
+static tests in tests/unit/packaging. This replay needs no engine, so it runs wherever the suite does.
 """
 
 from __future__ import annotations
