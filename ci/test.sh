@@ -36,6 +36,7 @@ V1_SCENARIOS=(
     tests/e2e/test_lora_affinity.py
     tests/e2e/test_openai_api.py
     tests/e2e/test_pod_lifecycle.py
+    tests/e2e/test_optional_crds_absent.py
     tests/e2e/test_optional_kinds.py
     tests/e2e/test_pool_boundaries.py
     tests/e2e/test_pool_resync.py
