@@ -92,8 +92,11 @@ class _Request:
     max_tokens: int
     block_hashes: tuple[int, ...]
     arrival: float
-    admitted: asyncio.Future[None]
+    # Resolved at first admission (None for a request the virtual-time driver steps: nobody awaits it).
+    admitted: asyncio.Future[None] | None
     tokens_ready: asyncio.Event
+    tag: object = None  # the virtual-time driver's handle, handed back by `end_step`
+    running: bool = False  # in `Engine._running` (a flag: list membership costs O(batch))
     admitted_at: float | None = None  # first admission (simulated time)
     generated: int = 0
     # Tokens whose KV is computed; the prefill of this admission ends at `prefill_target`.
@@ -261,16 +264,77 @@ class Engine:
             self._interrupt_idle_wait()
         return Run(self, req)
 
+    # ---- stepping from outside: the virtual-time driver (harness.cli.bench.virtual) ---------------
+    # The same scheduling, KV, prefix-cache and LoRA code as the step loop above, driven by a
+    # discrete-event loop instead of asyncio: `enqueue` a request at a simulated time, `begin_step`
+    # when the engine is idle or its previous step ended, `end_step` at the time `begin_step` gave.
+    # Needs `time_scale=0` (simulated time is whatever the driver says).
+    def enqueue(
+        self,
+        *,
+        lora: str | None,
+        prompt_tokens: int,
+        max_tokens: int,
+        block_hashes: Sequence[int] = (),
+        now: float,
+        tag: object = None,
+    ) -> Run:
+        """Queue a request that arrived at simulated time ``now``; ``tag`` comes back from ``end_step``."""
+        if self._time_scale > 0:
+            raise RuntimeError("an engine stepped from outside needs time_scale=0")
+        full_blocks = prompt_tokens // self.config.block_size
+        req = _Request(
+            lora=lora,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            block_hashes=tuple(block_hashes[:full_blocks]),
+            arrival=now,
+            admitted=None,
+            tokens_ready=asyncio.Event(),
+            tag=tag,
+        )
+        self._waiting.append(req)
+        return Run(self, req)
+
+    def begin_step(self, now: float) -> float | None:
+        """Schedule one step starting at ``now``; the simulated time it ends, or None if nothing can run."""
+        if self._step is not None:
+            raise RuntimeError("a step is already under way")
+        self._sim_clock = max(self._sim_clock, now)
+        step = self._schedule()
+        if not step.requests:
+            return None
+        self._step = step
+        duration = self._duration(step)
+        self._busy_s += duration
+        return self._sim_clock + duration
+
+    def end_step(self, end: float) -> tuple[list[object], list[object]]:
+        """Finish the step ``begin_step`` started: the tags of the requests that got their first token
+        in it, and of those that finished."""
+        step, self._step = self._step, None
+        if step is None:
+            raise RuntimeError("no step is under way")
+        self._sim_clock = end
+        fresh = [r for r, _ in step.prefill if r.generated == 0]
+        finished = self._complete(step, end)
+        return [r.tag for r in fresh if r.generated > 0], [r.tag for r in finished]
+
+    @property
+    def idle(self) -> bool:
+        return not self._running and not self._waiting
+
     def _close(self, req: _Request) -> None:
         if req.done:
             return
         req.done = True
-        if req in self._running:
+        if req.running:
             self._release(req)
             self._running.remove(req)
+            req.running = False
         elif req in self._waiting:
             self._waiting.remove(req)
-        if not req.admitted.done():
+        if req.admitted is not None and not req.admitted.done():
             req.admitted.cancel()
         req.tokens_ready.set()
         self._record_lora_state()
@@ -400,6 +464,7 @@ class Engine:
     def _preempt(self, req: _Request) -> None:
         self._release(req)
         self._running.remove(req)
+        req.running = False
         req.computed = 0
         req.prefill_target = 0
         req.preemptions += 1
@@ -438,6 +503,7 @@ class Engine:
         self._prefix_hits += cached_tokens
         self._waiting.remove(req)
         self._running.append(req)
+        req.running = True
         loads = 0
         if req.lora is not None:
             if req.lora in self._loaded:
@@ -452,7 +518,8 @@ class Engine:
             self._running_per_lora[req.lora] += 1
         if req.admitted_at is None:
             req.admitted_at = self.now()
-            req.admitted.set_result(None)
+            if req.admitted is not None:
+                req.admitted.set_result(None)
         return loads
 
     def _release(self, req: _Request) -> None:
@@ -476,27 +543,29 @@ class Engine:
             + cfg.lora_load_s * step.lora_loads
         )
 
-    def _complete(self, step: _Step, now: float) -> None:
+    def _complete(self, step: _Step, now: float) -> list[_Request]:
         finished: list[_Request] = []
         for req, chunk in step.prefill:
-            if req.done or req not in self._running:
+            if req.done or not req.running:
                 continue
             req.computed += chunk
             if not req.prefilling:
                 self._publish_prompt_blocks(req)
                 self._emit(req, now, finished)
         for req in step.decode:
-            if req.done or req not in self._running:
+            if req.done or not req.running:
                 continue
             req.computed += 1
             self._emit(req, now, finished)
         for req in finished:
             req.done = True
+            req.running = False
             self._release(req)
-            self._running.remove(req)
             req.tokens_ready.set()
         if finished:
+            self._running = [r for r in self._running if r.running]
             self._record_lora_state()
+        return finished
 
     def _emit(self, req: _Request, now: float, finished: list[_Request]) -> None:
         if req.generated == 0:
@@ -605,14 +674,17 @@ class Run:
     @property
     def running(self) -> bool:
         """Inside the running batch now (false while queued, after a preemption, and when done)."""
-        return self._req in self._engine._running
+        return self._req.running
 
     @property
     def preemptions(self) -> int:
         return self._req.preemptions
 
     async def wait_admitted(self) -> None:
-        await asyncio.shield(self._req.admitted)
+        admitted = self._req.admitted
+        if admitted is None:
+            raise RuntimeError("a request stepped by the virtual-time driver has no admission to await")
+        await asyncio.shield(admitted)
 
     async def next_token(self) -> int | None:
         """Wait for the next token; its index, or None when the request is done."""
