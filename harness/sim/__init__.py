@@ -11,6 +11,7 @@ from harness.sim._admin_client import SimAdmin, SimAdminError
 from harness.sim._cli import sim_args
 from harness.sim._config import SimConfig, h100_llama_8b, kv_blocks_from_memory
 from harness.sim._engine import Engine, EngineState, Run
+from harness.sim._kv import text_block_hashes
 from harness.sim._received import ReceivedRequest
 from harness.sim._server import SERVED_BY_HEADER, ModelServerSim
 from harness.sim._thread import SimThread
@@ -30,4 +31,5 @@ __all__ = [
     "h100_llama_8b",
     "kv_blocks_from_memory",
     "sim_args",
+    "text_block_hashes",
 ]
