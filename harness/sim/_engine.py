@@ -94,7 +94,7 @@ class _Request:
     arrival: float
     # Resolved at first admission (None for a request the virtual-time driver steps: nobody awaits it).
     admitted: asyncio.Future[None] | None
-    tokens_ready: asyncio.Event
+    tokens_ready: asyncio.Event | None  # None when nobody awaits the tokens (the virtual-time driver)
     tag: object = None  # the virtual-time driver's handle, handed back by `end_step`
     running: bool = False  # in `Engine._running` (a flag: list membership costs O(batch))
     admitted_at: float | None = None  # first admission (simulated time)
@@ -122,6 +122,7 @@ class _Step:
     prefill: list[tuple[_Request, int]] = dataclasses.field(default_factory=list)
     decode: list[_Request] = dataclasses.field(default_factory=list)
     lora_loads: int = 0
+    context: int = 0  # tokens of context attended to: computed + new tokens of every request
 
     @property
     def requests(self) -> list[_Request]:
@@ -290,7 +291,7 @@ class Engine:
             block_hashes=tuple(block_hashes[:full_blocks]),
             arrival=now,
             admitted=None,
-            tokens_ready=asyncio.Event(),
+            tokens_ready=None,
             tag=tag,
         )
         self._waiting.append(req)
@@ -336,7 +337,8 @@ class Engine:
             self._waiting.remove(req)
         if req.admitted is not None and not req.admitted.done():
             req.admitted.cancel()
-        req.tokens_ready.set()
+        if req.tokens_ready is not None:
+            req.tokens_ready.set()
         self._record_lora_state()
         step = self._step
         if step is not None and all(r.done for r in step.requests):
@@ -415,17 +417,26 @@ class Engine:
         budget = cfg.max_num_batched_tokens
         preemptions_before = self._preemptions
         index = 0
-        while index < len(self._running) and budget > 0:
-            req = self._running[index]
-            if req.prefilling:
-                chunk = min(req.prefill_target - req.computed, budget)
+        running = self._running  # (preemption removes from this same list)
+        block_size = cfg.block_size
+        decode = step.decode
+        context = 0  # tokens of context the step's attention reads (see _duration)
+        # The hot loop of a virtual-time run (every running request, every step): attributes read
+        # once, and "needs a new block" as one comparison (blocks_for(computed + 1) > blocks).
+        while index < len(running) and budget > 0:
+            req = running[index]
+            computed = req.computed
+            if computed < req.prefill_target:
+                chunk = min(req.prefill_target - computed, budget)
                 step.prefill.append((req, chunk))
+                context += computed + chunk
                 budget -= chunk
                 index += 1
                 continue
-            if blocks_for(req.computed + 1, cfg.block_size) > req.blocks and not self._grow(req):
+            if computed >= (req.private_blocks + len(req.cached)) * block_size and not self._grow(req):
                 continue  # it was the newest running request and preempted itself
-            step.decode.append(req)
+            decode.append(req)
+            context += computed + 1
             budget -= 1
             index += 1
         if self._preemptions > preemptions_before and step.requests:
@@ -441,7 +452,9 @@ class Engine:
             step.lora_loads += loads
             chunk = min(req.prefill_target - req.computed, budget)
             step.prefill.append((req, chunk))
+            context += req.computed + chunk
             budget -= chunk
+        step.context = context
         self._record_lora_state()
         return step
 
@@ -534,7 +547,7 @@ class Engine:
     def _duration(self, step: _Step) -> float:
         cfg = self.config
         prefill_tokens = sum(n for _, n in step.prefill)
-        context = sum(r.computed + n for r, n in step.prefill) + sum(r.computed + 1 for r in step.decode)
+        context = step.context
         return (
             cfg.step_base_s
             + cfg.prefill_token_s * prefill_tokens
@@ -556,12 +569,21 @@ class Engine:
             if req.done or not req.running:
                 continue
             req.computed += 1
-            self._emit(req, now, finished)
+            generated = req.generated
+            if generated == 0 or req.tokens_ready is not None:
+                self._emit(req, now, finished)
+                continue
+            # `_emit` inlined for the common case of the virtual-time driver's decode tokens.
+            req.generated = generated + 1
+            req.token_times.append(now)
+            if generated + 1 >= req.max_tokens:
+                finished.append(req)
         for req in finished:
             req.done = True
             req.running = False
             self._release(req)
-            req.tokens_ready.set()
+            if req.tokens_ready is not None:
+                req.tokens_ready.set()
         if finished:
             self._running = [r for r in self._running if r.running]
             self._record_lora_state()
@@ -575,7 +597,8 @@ class Engine:
             self._recent_ttfts.append(ttft)
         req.generated += 1
         req.token_times.append(now)
-        req.tokens_ready.set()
+        if req.tokens_ready is not None:
+            req.tokens_ready.set()
         if req.generated >= req.max_tokens:
             finished.append(req)
 
@@ -689,11 +712,14 @@ class Run:
     async def next_token(self) -> int | None:
         """Wait for the next token; its index, or None when the request is done."""
         req = self._req
+        ready = req.tokens_ready
+        if ready is None:
+            raise RuntimeError("a request stepped by the virtual-time driver has no tokens to await")
         while self._consumed >= req.generated:
             if req.done:
                 return None
-            req.tokens_ready.clear()
-            await req.tokens_ready.wait()
+            ready.clear()
+            await ready.wait()
         self._consumed += 1
         return self._consumed - 1
 

@@ -15,6 +15,7 @@ Order of work:
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ def virtual_sim(config: VirtualConfig) -> SimConfig:
 
 def run_virtual(config: VirtualConfig, reporter: Reporter | None = None) -> BenchResult:
     began = time.monotonic()
+    cpu_began = time.process_time()
     sim = virtual_sim(config)
     named = named_workload(config.workload, sim.model)
     bench = BenchConfig(
@@ -100,6 +102,11 @@ def run_virtual(config: VirtualConfig, reporter: Reporter | None = None) -> Benc
                 if reporter is not None:
                     reporter.run_done(run)
     result.wall_s = time.monotonic() - began
+    # On a shared machine the wall time says more about the neighbours than about the benchmark.
+    result.notes.append(
+        f"CPU time {time.process_time() - cpu_began:.0f} s, wall {result.wall_s:.0f} s "
+        f"(load average {os.getloadavg()[0]:.1f} at the end)"
+    )
     return result
 
 
