@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.bench import cli
+from harness.cli.bench import cli, report
 from harness.cli.bench.virtual.cluster import ClusterConfig, Record, VirtualCluster
 from harness.cli.bench.virtual.routers import (
+    ALL,
     UPSTREAM_V15_DEFAULT,
     EppRouter,
     make_router,
     upstream_default_config,
 )
+from harness.cli.bench.virtual.runner import VirtualConfig, run_virtual
 from harness.cli.bench.workload import TraceRequest, WorkloadSpec, generate
 from harness.cli.bench.workloads import LORA, MIXED_PRIORITY, PREFIX_HEAVY, named_workload
 from harness.sim import EngineState, h100_llama_8b
@@ -114,16 +116,39 @@ def test_the_upstream_profile_is_the_examples_file() -> None:
     ]
 
 
-def test_the_virtual_command_writes_its_report(tmp_path: Path) -> None:
+def test_the_command_line_selects_the_virtual_mode_and_its_defaults() -> None:
     parser = argparse.ArgumentParser()
     cli.configure_parser(parser)
-    args = parser.parse_args(
-        ["routing", "--virtual", "--pods", "2", "--requests", "120", "--policies", "epp,round-robin",
-         "--out", str(tmp_path)]
-    )  # fmt: skip
-    assert cli.run(args) == 0
-    data = json.loads((tmp_path / "routing-virtual-sharegpt.json").read_text())
+    config = cli.virtual_config_from(parser.parse_args(["routing", "--virtual", "--workload", "lora"]))
+    assert (config.workload, config.pods, config.requests, config.loads, config.repeats) == (
+        "lora",
+        64,
+        20_000,
+        (0.9,),
+        1,
+    )
+    assert config.policies == ALL
+    with pytest.raises(ValueError, match="unknown virtual policies"):
+        cli.virtual_config_from(
+            parser.parse_args(["routing", "--virtual", "--policies", "vllm-router:round_robin"])
+        )
+    with pytest.raises(ValueError, match="needs --virtual"):
+        cli.config_from(parser.parse_args(["routing", "--workload", "lora"]))
+
+
+def test_a_virtual_run_reports_every_policy() -> None:
+    config = VirtualConfig(
+        pods=2,
+        requests=120,
+        policies=("epp", "round-robin"),
+        sim_changes={"max_num_seqs": 16, "num_gpu_blocks": 2048},
+    )
+    result = run_virtual(config)
+    data = json.loads(json.dumps(report.to_json(result)))  # (the plot is the live bench's e2e test's job)
+    assert "| 0.9 | epp |" in report.markdown(result)
     assert data["config"]["mode"] == "virtual"
+    assert data["capacity_rps"] > 0
     assert sorted(r["policy"] for r in data["runs"]) == ["epp", "round-robin"]
     assert all(r["ok"] == r["requests"] for r in data["runs"])
     assert all(r["workload"] == "sharegpt" for r in data["ratios"])
+    assert any(n.startswith("CPU time") for n in data["notes"])
