@@ -10,9 +10,10 @@ ties broken at random. All pure functions of the request and the pods' snapshots
   (``PodMetrics.dispatched``), min-max normalised. Exact and never stale, unlike the scrapes, so
   it keeps two requests arriving between scrapes from piling onto the same "idle" pod.
 * LoRA affinity: for a target that is an adapter (some pod reports it in its LoRA metric), 1 where
-  it is already running (scraped or in flight), 0.8 where a free adapter slot can load it, 0.4 where
-  requests for it already wait for a slot, 0 where every slot is held by other running adapters (a
-  request sent there waits until one of them drains completely). For the base model: 1 everywhere.
+  it is already running (scraped or in flight), 0.5 where a free adapter slot can load it (LORA_ROOM),
+  0.25 where requests for it already wait for a slot (LORA_WAITING), 0 where every slot is held by
+  other running adapters (a request sent there waits until one of them drains completely). For the
+  base model: 1 everywhere.
   The adapters a pod runs are counted from the EPP's in-flight targets too, so the slots taken since
   the last scrape are known. A pod whose queue has reached queueing_threshold_lora (128) scores 0
   whatever it runs, as the filter tree drops affinity there.

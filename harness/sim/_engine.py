@@ -92,8 +92,11 @@ class _Request:
     max_tokens: int
     block_hashes: tuple[int, ...]
     arrival: float
-    admitted: asyncio.Future[None]
-    tokens_ready: asyncio.Event
+    # Resolved at first admission (None for a request the virtual-time driver steps: nobody awaits it).
+    admitted: asyncio.Future[None] | None
+    tokens_ready: asyncio.Event | None  # None when nobody awaits the tokens (the virtual-time driver)
+    tag: object = None  # the virtual-time driver's handle, handed back by `end_step`
+    running: bool = False  # in `Engine._running` (a flag: list membership costs O(batch))
     admitted_at: float | None = None  # first admission (simulated time)
     generated: int = 0
     # Tokens whose KV is computed; the prefill of this admission ends at `prefill_target`.
@@ -119,6 +122,7 @@ class _Step:
     prefill: list[tuple[_Request, int]] = dataclasses.field(default_factory=list)
     decode: list[_Request] = dataclasses.field(default_factory=list)
     lora_loads: int = 0
+    context: int = 0  # tokens of context attended to: computed + new tokens of every request
 
     @property
     def requests(self) -> list[_Request]:
@@ -261,18 +265,80 @@ class Engine:
             self._interrupt_idle_wait()
         return Run(self, req)
 
+    # ---- stepping from outside: the virtual-time driver (harness.cli.bench.virtual) ---------------
+    # The same scheduling, KV, prefix-cache and LoRA code as the step loop above, driven by a
+    # discrete-event loop instead of asyncio: `enqueue` a request at a simulated time, `begin_step`
+    # when the engine is idle or its previous step ended, `end_step` at the time `begin_step` gave.
+    # Needs `time_scale=0` (simulated time is whatever the driver says).
+    def enqueue(
+        self,
+        *,
+        lora: str | None,
+        prompt_tokens: int,
+        max_tokens: int,
+        block_hashes: Sequence[int] = (),
+        now: float,
+        tag: object = None,
+    ) -> Run:
+        """Queue a request that arrived at simulated time ``now``; ``tag`` comes back from ``end_step``."""
+        if self._time_scale > 0:
+            raise RuntimeError("an engine stepped from outside needs time_scale=0")
+        full_blocks = prompt_tokens // self.config.block_size
+        req = _Request(
+            lora=lora,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            block_hashes=tuple(block_hashes[:full_blocks]),
+            arrival=now,
+            admitted=None,
+            tokens_ready=None,
+            tag=tag,
+        )
+        self._waiting.append(req)
+        return Run(self, req)
+
+    def begin_step(self, now: float) -> float | None:
+        """Schedule one step starting at ``now``; the simulated time it ends, or None if nothing can run."""
+        if self._step is not None:
+            raise RuntimeError("a step is already under way")
+        self._sim_clock = max(self._sim_clock, now)
+        step = self._schedule()
+        if not step.requests:
+            return None
+        self._step = step
+        duration = self._duration(step)
+        self._busy_s += duration
+        return self._sim_clock + duration
+
+    def end_step(self, end: float) -> tuple[list[object], list[object]]:
+        """Finish the step ``begin_step`` started: the tags of the requests that got their first token
+        in it, and of those that finished."""
+        step, self._step = self._step, None
+        if step is None:
+            raise RuntimeError("no step is under way")
+        self._sim_clock = end
+        fresh = [r for r, _ in step.prefill if r.generated == 0]
+        finished = self._complete(step, end)
+        return [r.tag for r in fresh if r.generated > 0], [r.tag for r in finished]
+
+    @property
+    def idle(self) -> bool:
+        return not self._running and not self._waiting
+
     def _close(self, req: _Request) -> None:
         if req.done:
             return
         req.done = True
-        if req in self._running:
+        if req.running:
             self._release(req)
             self._running.remove(req)
+            req.running = False
         elif req in self._waiting:
             self._waiting.remove(req)
-        if not req.admitted.done():
+        if req.admitted is not None and not req.admitted.done():
             req.admitted.cancel()
-        req.tokens_ready.set()
+        if req.tokens_ready is not None:
+            req.tokens_ready.set()
         self._record_lora_state()
         step = self._step
         if step is not None and all(r.done for r in step.requests):
@@ -351,17 +417,26 @@ class Engine:
         budget = cfg.max_num_batched_tokens
         preemptions_before = self._preemptions
         index = 0
-        while index < len(self._running) and budget > 0:
-            req = self._running[index]
-            if req.prefilling:
-                chunk = min(req.prefill_target - req.computed, budget)
+        running = self._running  # (preemption removes from this same list)
+        block_size = cfg.block_size
+        decode = step.decode
+        context = 0  # tokens of context the step's attention reads (see _duration)
+        # The hot loop of a virtual-time run (every running request, every step): attributes read
+        # once, and "needs a new block" as one comparison (blocks_for(computed + 1) > blocks).
+        while index < len(running) and budget > 0:
+            req = running[index]
+            computed = req.computed
+            if computed < req.prefill_target:
+                chunk = min(req.prefill_target - computed, budget)
                 step.prefill.append((req, chunk))
+                context += computed + chunk
                 budget -= chunk
                 index += 1
                 continue
-            if blocks_for(req.computed + 1, cfg.block_size) > req.blocks and not self._grow(req):
+            if computed >= (req.private_blocks + len(req.cached)) * block_size and not self._grow(req):
                 continue  # it was the newest running request and preempted itself
-            step.decode.append(req)
+            decode.append(req)
+            context += computed + 1
             budget -= 1
             index += 1
         if self._preemptions > preemptions_before and step.requests:
@@ -377,7 +452,9 @@ class Engine:
             step.lora_loads += loads
             chunk = min(req.prefill_target - req.computed, budget)
             step.prefill.append((req, chunk))
+            context += req.computed + chunk
             budget -= chunk
+        step.context = context
         self._record_lora_state()
         return step
 
@@ -400,6 +477,7 @@ class Engine:
     def _preempt(self, req: _Request) -> None:
         self._release(req)
         self._running.remove(req)
+        req.running = False
         req.computed = 0
         req.prefill_target = 0
         req.preemptions += 1
@@ -438,6 +516,7 @@ class Engine:
         self._prefix_hits += cached_tokens
         self._waiting.remove(req)
         self._running.append(req)
+        req.running = True
         loads = 0
         if req.lora is not None:
             if req.lora in self._loaded:
@@ -452,7 +531,8 @@ class Engine:
             self._running_per_lora[req.lora] += 1
         if req.admitted_at is None:
             req.admitted_at = self.now()
-            req.admitted.set_result(None)
+            if req.admitted is not None:
+                req.admitted.set_result(None)
         return loads
 
     def _release(self, req: _Request) -> None:
@@ -467,7 +547,7 @@ class Engine:
     def _duration(self, step: _Step) -> float:
         cfg = self.config
         prefill_tokens = sum(n for _, n in step.prefill)
-        context = sum(r.computed + n for r, n in step.prefill) + sum(r.computed + 1 for r in step.decode)
+        context = step.context
         return (
             cfg.step_base_s
             + cfg.prefill_token_s * prefill_tokens
@@ -476,27 +556,38 @@ class Engine:
             + cfg.lora_load_s * step.lora_loads
         )
 
-    def _complete(self, step: _Step, now: float) -> None:
+    def _complete(self, step: _Step, now: float) -> list[_Request]:
         finished: list[_Request] = []
         for req, chunk in step.prefill:
-            if req.done or req not in self._running:
+            if req.done or not req.running:
                 continue
             req.computed += chunk
             if not req.prefilling:
                 self._publish_prompt_blocks(req)
                 self._emit(req, now, finished)
         for req in step.decode:
-            if req.done or req not in self._running:
+            if req.done or not req.running:
                 continue
             req.computed += 1
-            self._emit(req, now, finished)
+            generated = req.generated
+            if generated == 0 or req.tokens_ready is not None:
+                self._emit(req, now, finished)
+                continue
+            # `_emit` inlined for the common case of the virtual-time driver's decode tokens.
+            req.generated = generated + 1
+            req.token_times.append(now)
+            if generated + 1 >= req.max_tokens:
+                finished.append(req)
         for req in finished:
             req.done = True
+            req.running = False
             self._release(req)
-            self._running.remove(req)
-            req.tokens_ready.set()
+            if req.tokens_ready is not None:
+                req.tokens_ready.set()
         if finished:
+            self._running = [r for r in self._running if r.running]
             self._record_lora_state()
+        return finished
 
     def _emit(self, req: _Request, now: float, finished: list[_Request]) -> None:
         if req.generated == 0:
@@ -506,7 +597,8 @@ class Engine:
             self._recent_ttfts.append(ttft)
         req.generated += 1
         req.token_times.append(now)
-        req.tokens_ready.set()
+        if req.tokens_ready is not None:
+            req.tokens_ready.set()
         if req.generated >= req.max_tokens:
             finished.append(req)
 
@@ -605,23 +697,29 @@ class Run:
     @property
     def running(self) -> bool:
         """Inside the running batch now (false while queued, after a preemption, and when done)."""
-        return self._req in self._engine._running
+        return self._req.running
 
     @property
     def preemptions(self) -> int:
         return self._req.preemptions
 
     async def wait_admitted(self) -> None:
-        await asyncio.shield(self._req.admitted)
+        admitted = self._req.admitted
+        if admitted is None:
+            raise RuntimeError("a request stepped by the virtual-time driver has no admission to await")
+        await asyncio.shield(admitted)
 
     async def next_token(self) -> int | None:
         """Wait for the next token; its index, or None when the request is done."""
         req = self._req
+        ready = req.tokens_ready
+        if ready is None:
+            raise RuntimeError("a request stepped by the virtual-time driver has no tokens to await")
         while self._consumed >= req.generated:
             if req.done:
                 return None
-            req.tokens_ready.clear()
-            await req.tokens_ready.wait()
+            ready.clear()
+            await ready.wait()
         self._consumed += 1
         return self._consumed - 1
 

@@ -31,7 +31,7 @@ def test_a_short_routing_benchmark_writes_its_table_json_and_plot(tmp_path: Path
     result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     output = f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
     assert result.returncode == 0, output
-    assert "EPP / round robin, TTFT p90:" in result.stdout, output
+    assert "EPP / round robin, TTFT p90 on the sharegpt workload:" in result.stdout, output
     assert "left no process behind" in result.stdout, output
 
     table = (out / "routing.md").read_text()

@@ -24,7 +24,10 @@ from harness.cli.bench.runner import (
     run_benchmark,
 )
 from harness.cli.bench.stats import RunResult, Slo
+from harness.cli.bench.virtual.routers import KNOWN as VIRTUAL_KNOWN
+from harness.cli.bench.virtual.runner import VIRTUAL_SLO, VirtualConfig, run_virtual
 from harness.cli.bench.workload import SharedPrefix
+from harness.cli.bench.workloads import SHARED_PREFIX, SHAREGPT, VIRTUAL_WORKLOADS
 from harness.cli.command import (
     StartError,
     interrupts_deferred,
@@ -54,19 +57,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             "a JSON file and a PNG plot, and print the ratios at 0.9x capacity."
         ),
     )
-    routing.add_argument("--pods", type=int, default=8, help="simulated pods (default 8)")
+    routing.add_argument(
+        "--virtual",
+        action="store_true",
+        help="virtual time: the EPP's scheduling code and every peer against calibrated engines in a "
+        "discrete-event loop (no cluster, no wall clock); defaults 64 pods, 20,000 requests, load 0.9, "
+        "1 repeat",
+    )
+    routing.add_argument("--pods", type=int, default=None, help="simulated pods (default 8; virtual 64)")
     routing.add_argument(
         "--loads",
         type=_floats,
-        default=DEFAULT_LOADS,
-        help="loads as fractions of the measured capacity (default 0.5,0.8,0.9,1.0,1.2)",
+        default=None,
+        help="loads as fractions of the measured capacity (default 0.5,0.8,0.9,1.0,1.2; virtual 0.9)",
     )
-    routing.add_argument("--repeats", type=int, default=3, help="traces per load (default 3)")
+    routing.add_argument("--repeats", type=int, default=None, help="traces per load (default 3; virtual 1)")
     routing.add_argument(
         "--requests",
         type=int,
-        default=BenchConfig.requests,
-        help=f"requests per trace (default {BenchConfig.requests})",
+        default=None,
+        help=f"requests per trace (default {BenchConfig.requests}; virtual {VirtualConfig.requests})",
     )
     routing.add_argument(
         "--policies",
@@ -74,13 +84,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=(),
         help="comma-separated policies (default: all available): epp, envoy-round-robin, "
         "envoy-least-request, envoy-random, oracle, vllm-router:{round_robin,power_of_two,cache_aware}, "
-        "sglang-router:{round_robin,cache_aware}",
+        "sglang-router:{round_robin,cache_aware}; virtual: " + ", ".join(VIRTUAL_KNOWN),
     )
     routing.add_argument(
         "--workload",
-        choices=("sharegpt", "shared-prefix"),
-        default="sharegpt",
-        help="ShareGPT-like lengths (default), or groups sharing a long system prompt",
+        choices=(*VIRTUAL_WORKLOADS, SHARED_PREFIX),
+        default=SHAREGPT,
+        help="ShareGPT-like lengths (default), shared-prefix (live); virtual: "
+        + ", ".join(VIRTUAL_WORKLOADS)
+        + " (harness/cli/bench/workloads.py)",
     )
     routing.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
     routing.add_argument(
@@ -95,8 +107,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SIM.time_scale,
         help=f"wall seconds per simulated second (default {DEFAULT_SIM.time_scale:g})",
     )
-    routing.add_argument("--slo-ttft", type=float, default=Slo().ttft_s, help="goodput TTFT limit, s")
-    routing.add_argument("--slo-itl", type=float, default=Slo().itl_s, help="goodput mean ITL limit, s")
+    routing.add_argument(
+        "--slo-ttft",
+        type=float,
+        default=None,
+        help=f"goodput TTFT limit, s (default {Slo().ttft_s:g}; virtual {VIRTUAL_SLO.ttft_s:g})",
+    )
+    routing.add_argument(
+        "--slo-itl",
+        type=float,
+        default=None,
+        help=f"goodput mean ITL limit, s (default {Slo().itl_s:g}; virtual {VIRTUAL_SLO.itl_s:g})",
+    )
     routing.add_argument(
         "--capacity-requests",
         type=int,
@@ -134,8 +156,36 @@ def _floats(text: str) -> tuple[float, ...]:
     return values
 
 
+def virtual_config_from(args: argparse.Namespace) -> VirtualConfig:
+    """The virtual-time benchmark's settings; ValueError for a workload or policy it does not know."""
+    if args.workload not in VIRTUAL_WORKLOADS:
+        raise ValueError(f"--virtual runs the workloads {', '.join(VIRTUAL_WORKLOADS)}, not {args.workload}")
+    policies = tuple(args.policies) or VirtualConfig.policies
+    unknown = [p for p in policies if p not in VIRTUAL_KNOWN]
+    if unknown:
+        raise ValueError(f"unknown virtual policies {', '.join(unknown)}; known: {', '.join(VIRTUAL_KNOWN)}")
+    defaults = VirtualConfig()
+    return VirtualConfig(
+        workload=args.workload,
+        pods=args.pods if args.pods is not None else defaults.pods,
+        requests=args.requests if args.requests is not None else defaults.requests,
+        loads=tuple(args.loads) if args.loads is not None else defaults.loads,
+        repeats=args.repeats if args.repeats is not None else defaults.repeats,
+        policies=policies,
+        seed=args.seed,
+        slo=Slo(
+            ttft_s=args.slo_ttft if args.slo_ttft is not None else VIRTUAL_SLO.ttft_s,
+            itl_s=args.slo_itl if args.slo_itl is not None else VIRTUAL_SLO.itl_s,
+        ),
+    )
+
+
 def config_from(args: argparse.Namespace) -> BenchConfig:
     """The benchmark's settings; ValueError for an unknown EPP variant."""
+    if args.workload not in ("sharegpt", SHARED_PREFIX):
+        raise ValueError(
+            f"the live benchmark runs sharegpt or shared-prefix; {args.workload} needs --virtual"
+        )
     for variant in args.epp_variants:
         epp_variant(variant)
     shared = SharedPrefix() if args.workload == "shared-prefix" else None
@@ -144,14 +194,18 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
     if shared is not None:
         sim = replace(sim, num_gpu_blocks=SHARED_PREFIX_GPU_BLOCKS)
     return BenchConfig(
-        pods=args.pods,
-        loads=tuple(args.loads),
-        repeats=args.repeats,
-        requests=args.requests,
+        pods=args.pods if args.pods is not None else 8,
+        loads=tuple(args.loads) if args.loads is not None else DEFAULT_LOADS,
+        repeats=args.repeats if args.repeats is not None else 3,
+        requests=args.requests if args.requests is not None else BenchConfig.requests,
         policies=tuple(args.policies),
         workload=workload,
         sim=sim,
-        slo=Slo(ttft_s=args.slo_ttft, itl_s=args.slo_itl),
+        slo=Slo(
+            ttft_s=args.slo_ttft if args.slo_ttft is not None else Slo().ttft_s,
+            itl_s=args.slo_itl if args.slo_itl is not None else Slo().itl_s,
+        ),
+        workload_name=args.workload if args.arrival == "poisson" else f"{args.workload} (gamma arrivals)",
         seed=args.seed,
         capacity_requests=args.capacity_requests,
         epp_args=tuple(args.epp_arg),
@@ -182,12 +236,37 @@ class _BarReporter:
         self._stack.close()
 
 
+def run_virtual_mode(args: argparse.Namespace) -> int:
+    try:
+        config = virtual_config_from(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if config.pods < 1 or config.repeats < 1 or config.requests < 10:
+        print("error: --pods, --repeats >= 1; --requests >= 10", file=sys.stderr)
+        return 2
+    say(
+        f"virtual routing benchmark: {config.pods} calibrated engines, {config.workload} workload, "
+        f"{config.requests} requests, loads {', '.join(f'{x:g}' for x in config.loads)}"
+    )
+    reporter = _BarReporter()
+    began = time.monotonic()
+    try:
+        result = run_virtual(config, reporter)
+    finally:
+        reporter.close()
+    paths = report.write(result, args.out, stem=f"routing-virtual-{config.workload}")
+    _print_summary(result)
+    say(f"wrote {paths['markdown']}, {paths['json']} and {paths['plot']}")
+    say(f"the virtual benchmark took {time.monotonic() - began:.0f} s")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.benchmark != "routing":  # pragma: no cover - argparse restricts the choice
         return 2
-    if args.pods < 1 or args.repeats < 1 or args.requests < 10 or args.capacity_requests < 20:
-        print("error: --pods, --repeats >= 1; --requests >= 10; --capacity-requests >= 20", file=sys.stderr)
-        return 2
+    if args.virtual:
+        return run_virtual_mode(args)
     if args.time_scale <= 0:
         print("error: --time-scale must be positive", file=sys.stderr)
         return 2
@@ -195,6 +274,9 @@ def run(args: argparse.Namespace) -> int:
         config = config_from(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if config.pods < 1 or config.repeats < 1 or config.requests < 10 or config.capacity_requests < 20:
+        print("error: --pods, --repeats >= 1; --requests >= 10; --capacity-requests >= 20", file=sys.stderr)
         return 2
     # sglang-router probes each worker with an HTTP/2 preface first (is it a gRPC server?); the
     # simulators answer 400 as vLLM's HTTP/1 server would, and aiohttp would log a traceback each time.

@@ -99,6 +99,9 @@ class BenchConfig:
     epp_args: tuple[str, ...] = ()
     # Extra EPP configurations run as policies of their own (``policies.epp_variant``), for ablations.
     epp_variants: tuple[str, ...] = ()
+    # The workload's name (harness.cli.bench.workloads), which every ratio of the report names.
+    workload_name: str = "sharegpt"
+    mode: str = "live"  # or "virtual" (harness.cli.bench.virtual)
 
     @property
     def time_scale(self) -> float:

@@ -59,6 +59,8 @@ class RunResult:
     server_ttft: dict[str, float] = field(default_factory=dict)
     # Share of prompt tokens the model servers found in their prefix caches.
     prefix_hit_rate: float = math.nan
+    # Per objective priority ("1", "0", "-1"): TTFT p90 and shed share, when a trace mixes priorities.
+    by_priority: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def path_overhead(self) -> float:

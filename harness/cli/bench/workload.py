@@ -19,10 +19,20 @@ Where the shapes come from (no dataset is downloaded):
   distinct InferenceModel name that resolves to the same served model (``TraceRequest.model``).
 - Shared-prefix variant (inference-perf's ``shared_prefix``): groups of requests that share a long
   system prompt, each with its own question.
+- Multi-turn chat (``MultiTurn``): tenants with a system prompt each (Zipf popularity), conversations
+  whose every turn resends the system prompt and the whole history (earlier questions and answers)
+  before a new question, so prompts grow turn by turn and share long prefixes.
+- Priorities: each criticality stands for an InferenceObjective priority (``PRIORITIES``: Critical 1,
+  Standard 0, Sheddable -1; negative means sheddable).
+
+A prompt is kept as its parts (``TraceRequest.parts``): a system prompt or a conversation's history
+is one string shared by every request that starts with it, so a trace of 20,000 multi-turn requests
+holds each long prefix once.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Sequence
@@ -31,6 +41,7 @@ from typing import Literal
 
 CHARS_PER_TOKEN = 4  # the simulator's tokenizer (harness.sim._openai.CHARS_PER_TOKEN)
 CRITICALITIES = ("Critical", "Standard", "Sheddable")
+PRIORITIES = {"Critical": 1, "Standard": 0, "Sheddable": -1}
 
 SHAREGPT_INPUT_MEAN = 161.31
 SHAREGPT_OUTPUT_MEAN = 337.99
@@ -64,6 +75,25 @@ class SharedPrefix:
 
 
 @dataclass(frozen=True)
+class MultiTurn:
+    """Multi-turn chat over tenants that share system prompts.
+
+    A new conversation picks a tenant (Zipf popularity, ``tenant_zipf_s``) and a number of turns
+    (geometric, mean ``mean_turns``); an arrival continues a random open conversation with the share
+    of follow-up turns that mean implies. Each turn's prompt is the tenant's system prompt, every
+    earlier question and answer of the conversation, and a new question (ShareGPT-like length);
+    a conversation ends early when its prompt would pass ``max_prompt_tokens``. No think time is
+    modelled: the next turn is just a later arrival of the open-loop trace.
+    """
+
+    tenants: int = 32
+    system_tokens: int = 1500
+    tenant_zipf_s: float = 1.0
+    mean_turns: float = 4.0
+    max_prompt_tokens: int = 8192
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     requests: int = 400
     rate: float = 10.0  # mean requests per simulated second
@@ -86,6 +116,7 @@ class WorkloadSpec:
         ("Sheddable", 0.15),
     )
     shared_prefix: SharedPrefix | None = None
+    multi_turn: MultiTurn | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -95,6 +126,8 @@ class WorkloadSpec:
             raise ValueError("arrival must be poisson or gamma (with a positive shape)")
         if not 0 <= self.base_share <= 1 or (self.base_share < 1 and not self.adapters):
             raise ValueError("base_share must be in [0, 1], and below 1 only with adapters")
+        if self.shared_prefix is not None and self.multi_turn is not None:
+            raise ValueError("shared_prefix and multi_turn are two different workloads: pick one")
         unknown = {c for c, _ in self.criticality_mix} - set(CRITICALITIES)
         if unknown or not self.criticality_mix or any(w < 0 for _, w in self.criticality_mix):
             raise ValueError(f"criticality_mix: weights over {CRITICALITIES}")
@@ -113,10 +146,30 @@ class TraceRequest:
     at: float  # arrival offset, simulated seconds
     served_model: str  # what a model server serves: the base model or an adapter
     criticality: str
-    prompt: str
+    parts: tuple[str, ...]  # the prompt, in pieces shared with other requests (module docstring)
     prompt_tokens: int
     max_tokens: int
-    group: int | None = None  # shared-prefix group
+    group: int | None = None  # shared-prefix group, or multi-turn tenant
+    conversation: int | None = None  # multi-turn conversation
+
+    @property
+    def prompt(self) -> str:
+        return "".join(self.parts)
+
+    def prompt_head(self, chars: int) -> str:
+        """The first ``chars`` characters of the prompt, without joining all of it."""
+        out: list[str] = []
+        left = chars
+        for part in self.parts:
+            if left <= 0:
+                break
+            out.append(part[:left])
+            left -= len(part)
+        return "".join(out)
+
+    @property
+    def priority(self) -> int:
+        return PRIORITIES[self.criticality]
 
     @property
     def model(self) -> str:
@@ -172,6 +225,7 @@ def generate(spec: WorkloadSpec) -> Trace:
             _text(rng, f"system prompt of group {g}: ", round(shared.system_tokens * spec.length_scale))
             for g in range(shared.groups)
         ]
+    chat = _Chat(rng, spec) if spec.multi_turn is not None else None
     at = 0.0
     out: list[TraceRequest] = []
     for index in range(spec.requests):
@@ -180,27 +234,84 @@ def generate(spec: WorkloadSpec) -> Trace:
         served = rng.choices(models, model_weights)[0]
         criticality = rng.choices(crit_names, crit_weights)[0]
         output = _clipped(rng.lognormvariate(out_mu, out_sigma), out_max)
-        group = None
-        if spec.shared_prefix is not None:
+        group = conversation = None
+        if chat is not None:
+            question = _clipped(rng.lognormvariate(in_mu, in_sigma), in_max)
+            group, conversation, parts = chat.turn(index, question, output)
+        elif spec.shared_prefix is not None:
             group = rng.randrange(spec.shared_prefix.groups)
             question = round(spec.shared_prefix.question_tokens * spec.length_scale)
-            prompt = systems[group] + _text(rng, f"question {index}: ", max(1, question))
+            parts = (systems[group], _text(rng, f"question {index}: ", max(1, question)))
         else:
             tokens = _clipped(rng.lognormvariate(in_mu, in_sigma), in_max)
-            prompt = _text(rng, f"request {index}: ", tokens)
+            parts = (_text(rng, f"request {index}: ", tokens),)
+        chars = sum(len(p) for p in parts)
         out.append(
             TraceRequest(
                 index=index,
                 at=at,
                 served_model=served,
                 criticality=criticality,
-                prompt=prompt,
-                prompt_tokens=max(1, math.ceil(len(prompt) / CHARS_PER_TOKEN)),
+                parts=parts,
+                prompt_tokens=max(1, math.ceil(chars / CHARS_PER_TOKEN)),
                 max_tokens=output,
                 group=group,
+                conversation=conversation,
             )
         )
     return Trace(spec, tuple(out))
+
+
+class _Chat:
+    """The open conversations of a multi-turn trace (``MultiTurn``)."""
+
+    def __init__(self, rng: random.Random, spec: WorkloadSpec) -> None:
+        assert spec.multi_turn is not None
+        self._rng = rng
+        self._spec = spec.multi_turn
+        system = max(1, round(self._spec.system_tokens * spec.length_scale))
+        self._systems = [
+            _text(rng, f"system prompt of tenant {t}: ", system) for t in range(self._spec.tenants)
+        ]
+        self._tenant_weights = zipf_weights(self._spec.tenants, self._spec.tenant_zipf_s)
+        self._max_chars = max(1, round(self._spec.max_prompt_tokens * spec.length_scale)) * CHARS_PER_TOKEN
+        # conversation id -> (tenant, history parts after the system prompt, turns left)
+        self._open: dict[int, tuple[int, tuple[str, ...], int]] = {}
+        self._ids: list[int] = []
+        self._next = 0
+
+    def turn(self, index: int, question_tokens: int, output_tokens: int) -> tuple[int, int, tuple[str, ...]]:
+        rng = self._rng
+        follow_up = 1.0 - 1.0 / max(1.0, self._spec.mean_turns)
+        if self._ids and rng.random() < follow_up:
+            conversation = self._ids[rng.randrange(len(self._ids))]
+            tenant, history, left = self._open[conversation]
+        else:
+            conversation, self._next = self._next, self._next + 1
+            tenant = rng.choices(range(self._spec.tenants), self._tenant_weights)[0]
+            history, left = (), _geometric(rng, self._spec.mean_turns)
+            self._ids.append(conversation)
+        question = _text(rng, f"turn {index} of conversation {conversation}: ", question_tokens)
+        parts = (self._systems[tenant], *history, question)
+        answer = _text(rng, f"answer {index}: ", output_tokens)
+        grown = (*history, question, answer)
+        size = len(self._systems[tenant]) + sum(len(p) for p in grown)
+        if left <= 1 or size >= self._max_chars:
+            self._open.pop(conversation, None)
+            self._ids.remove(conversation)
+        else:
+            # The history stays a tuple of the turns' own strings: every later turn shares them.
+            self._open[conversation] = (tenant, grown, left - 1)
+        return tenant, conversation, parts
+
+
+def _geometric(rng: random.Random, mean: float) -> int:
+    """At least 1, with the given mean."""
+    p = 1.0 / max(1.0, mean)
+    turns = 1
+    while rng.random() > p:
+        turns += 1
+    return turns
 
 
 def _gap(rng: random.Random, spec: WorkloadSpec) -> float:
@@ -215,15 +326,24 @@ def _clipped(value: float, upper: int) -> int:
 
 
 def _text(rng: random.Random, head: str, tokens: int) -> str:
-    """``tokens`` tokens of text (CHARS_PER_TOKEN characters each) starting with ``head``."""
+    """``tokens`` tokens of text (CHARS_PER_TOKEN characters each) starting with ``head``: the head,
+    then words from a random place in a fixed corpus (slicing is what keeps 20,000-request traces of
+    unshrunk lengths cheap to build). Distinct heads make distinct prompts from their first block."""
     chars = tokens * CHARS_PER_TOKEN
-    words: list[str] = [head]
-    size = len(head)
-    while size < chars:
-        word = rng.choice(_WORDS) + " "
-        words.append(word)
-        size += len(word)
-    return "".join(words)[:chars]
+    corpus = _corpus()
+    body = chars - len(head)
+    if body <= 0:
+        return head[:chars]
+    while len(corpus) < body:
+        corpus += corpus
+    start = rng.randrange(len(corpus) - body + 1)
+    return head + corpus[start : start + body]
+
+
+@functools.cache
+def _corpus() -> str:
+    words = random.Random(0x5EED)
+    return "".join(words.choice(_WORDS) + " " for _ in range(60_000))
 
 
 def summary(requests: Sequence[TraceRequest]) -> dict[str, float]:
