@@ -22,6 +22,7 @@ from epp.scheduling.scorers import (
     kv_cache_scores,
     lora_scores,
     min_max,
+    pick_random,
     prefix_scores,
     queue_scores,
 )
@@ -123,6 +124,15 @@ def test_ties_are_broken_at_random() -> None:
     pods = [pm(f"p{i}") for i in range(4)]
     picks = {scheduler(only(queue=1), seed).schedule(CRITICAL, pods).pod.key.name for seed in range(40)}
     assert picks == {"p0", "p1", "p2", "p3"}
+
+
+def test_the_random_picker_draws_uniformly_and_ignores_the_totals() -> None:
+    # The scheduler short-cuts this picker by identity (one draw, no scoring), so it is called here.
+    pods = [pm(f"p{i}") for i in range(4)]
+    totals = [100.0, 0.0, 0.0, 0.0]
+    picks = [pick_random(pods, totals, random.Random(seed)) for seed in range(40)]
+    assert picks == [random.Random(seed).choice(pods) for seed in range(40)]
+    assert set(names(picks)) == {"p0", "p1", "p2", "p3"}
 
 
 def test_in_flight_counts_steer_requests_between_scrapes() -> None:
