@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 from types import MappingProxyType
 
 import pytest
@@ -23,6 +24,7 @@ from epp.scheduling.scorers import (
     lora_scores,
     min_max,
     pick_random,
+    pick_weighted_random,
     prefix_scores,
     queue_scores,
 )
@@ -167,6 +169,46 @@ def test_new_scheduler_builds_the_configured_kind() -> None:
     assert isinstance(new_scheduler(SchedulerConfig()), ScorerScheduler)  # the default since issue 11
     assert isinstance(new_scheduler(SchedulerConfig(kind=FILTER_TREE)), Scheduler)
     assert isinstance(new_scheduler(SchedulerConfig(kind=SCORER)), ScorerScheduler)
+
+
+@pytest.mark.parametrize("kind", [SCORER, FILTER_TREE])
+def test_new_scheduler_passes_on_its_rng_clock_and_pool_name(kind: str) -> None:
+    # Scraped at an instant every monotonic clock is long past: only the given clock makes them fresh.
+    early = -1e6
+    pods = [pm(f"p{i}", updated_at=early) for i in range(6)]
+    config = SchedulerConfig(kind=kind)
+    built = new_scheduler(config, random.Random(3), lambda: early, pool_name="pool-a")
+    direct = (ScorerScheduler if kind == SCORER else Scheduler)(config, random.Random(3), lambda: early)
+    assert [built.schedule(SHEDDABLE, pods) for _ in range(20)] == [
+        direct.schedule(SHEDDABLE, pods) for _ in range(20)
+    ]
+    with pytest.raises(NoEndpoints, match="in pool pool-a"):
+        built.schedule(CRITICAL, [])
+
+
+def test_the_weighted_random_picker_draws_in_proportion_to_the_totals() -> None:
+    pods = [pm(f"p{i}") for i in range(3)]
+    rng = random.Random(2)
+    counts = Counter(pick_weighted_random(pods, [0.0, 3.0, 1.0], rng).pod.key.name for _ in range(4000))
+    assert "p0" not in counts, "a zero total is never drawn"
+    assert 2700 < counts["p1"] < 3300, counts
+    # Totals that sum to less than 1 are still weights; negative totals count as 0.
+    assert {pick_weighted_random(pods, [-2.0, 0.5, 0.0], rng).pod.key.name for _ in range(50)} == {"p1"}
+
+
+def test_the_weighted_random_picker_is_uniform_when_every_total_is_zero() -> None:
+    pods = [pm(f"p{i}") for i in range(4)]
+    picks = [pick_weighted_random(pods, [0.0, -1.0, 0.0, 0.0], random.Random(seed)) for seed in range(40)]
+    assert picks == [random.Random(seed).choice(pods) for seed in range(40)]
+
+
+def test_the_weighted_random_picker_draws_once_per_pick() -> None:
+    # The RNG is shared with every later decision: a pick that drew twice would shift them all.
+    pods = [pm(f"p{i}") for i in range(3)]
+    rng, reference = random.Random(6), random.Random(6)
+    pick_weighted_random(pods, [1.0, 2.0, 3.0], rng)
+    reference.random()
+    assert rng.getstate() == reference.getstate()
 
 
 def test_affinity_does_not_hold_on_a_pod_with_an_excessive_queue() -> None:
