@@ -9,10 +9,11 @@ from types import MappingProxyType
 
 import pytest
 
-from epp.config import FILTER_TREE, SCORER, SchedulerConfig, ScorerWeights
+from epp.config import FILTER_TREE, KV_CACHE_SCORER, SCORER, SchedulerConfig, ScorerWeights
 from epp.datastore.types import Dispatched, PodMetrics
 from epp.errors import NoEndpoints, ResourceExhausted
 from epp.scheduling import LLMRequest, ScorerScheduler, new_scheduler
+from epp.scheduling.columns import CompiledProfile
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.scorers import (
     LORA_BLOCKED,
@@ -27,6 +28,7 @@ from epp.scheduling.scorers import (
     pick_weighted_random,
     prefix_scores,
     queue_scores,
+    total_scores,
 )
 
 from .pods import NOW, names, pm
@@ -64,6 +66,26 @@ def test_queue_and_kv_scores_prefer_the_emptier_pod() -> None:
     pods = [pm("a", queue=0, kv=0.2), pm("b", queue=10, kv=0.9)]
     assert queue_scores(CRITICAL, pods) == [1.0, 0.0]
     assert kv_cache_scores(CRITICAL, pods) == pytest.approx([0.8, 0.1])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(only(kv_cache=2.0), id="kv-cache-alone"),
+        pytest.param(only(queue=0.5, kv_cache=2.0), id="queue-then-kv-cache-fused"),
+        pytest.param(only(in_flight=0.5, kv_cache=2.0), id="kv-cache-after-another-scorer"),
+    ],
+)
+def test_kv_cache_usage_out_of_range_is_clamped(config: SchedulerConfig) -> None:
+    # A model server may report usage above 1 or below 0: it scores as full (0) or empty (1), never
+    # beyond. Every pod has the same queue and in-flight count, so only the KV scores differ.
+    pods = [pm("over", kv=1.5), pm("under", kv=-0.5), pm("half", kv=0.5), pm("full", kv=1.0), pm("empty")]
+    kv = [0.0, 1.0, 0.5, 0.0, 1.0]
+    assert kv_cache_scores(CRITICAL, pods) == kv
+    rest = sum(s.weight for s in config.scoring_profile.scorers if s.kind != KV_CACHE_SCORER)
+    expected = [rest + 2.0 * score for score in kv]
+    assert total_scores(CRITICAL, pods, config) == expected
+    assert CompiledProfile(config).totals(CRITICAL, pods) == expected
 
 
 def test_in_flight_score_is_proportional_to_the_busiest_pod() -> None:
