@@ -9,12 +9,22 @@ from types import MappingProxyType
 
 import pytest
 
-from epp.config import FILTER_TREE, KV_CACHE_SCORER, SCORER, SchedulerConfig, ScorerWeights
+from epp.config import (
+    FILTER_TREE,
+    KV_CACHE_SCORER,
+    QUEUE_SCORER,
+    RANDOM_PICKER,
+    SCORER,
+    SchedulerConfig,
+    ScorerWeights,
+    ScoringProfile,
+    WeightedScorer,
+)
 from epp.datastore.types import Dispatched, PodMetrics
 from epp.errors import NoEndpoints, ResourceExhausted
 from epp.scheduling import LLMRequest, ScorerScheduler, new_scheduler
 from epp.scheduling.columns import CompiledProfile
-from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.scheduler import DROP_MESSAGE, Scheduler
 from epp.scheduling.scorers import (
     LORA_BLOCKED,
     LORA_ROOM,
@@ -24,6 +34,7 @@ from epp.scheduling.scorers import (
     kv_cache_scores,
     lora_scores,
     min_max,
+    pick_max_score,
     pick_random,
     pick_weighted_random,
     prefix_scores,
@@ -159,6 +170,28 @@ def test_the_random_picker_draws_uniformly_and_ignores_the_totals() -> None:
     assert set(names(picks)) == {"p0", "p1", "p2", "p3"}
 
 
+def test_two_tied_pods_are_drawn_at_random_and_a_clear_winner_draws_nothing() -> None:
+    tied = [pm("p0"), pm("p1")]
+    assert {pick_max_score(tied, [2.0, 2.0], random.Random(seed)).pod.key.name for seed in range(20)} == {
+        "p0",
+        "p1",
+    }
+    # One winner is taken without touching the RNG: later tie-breaks stay as the seed decides.
+    rng = random.Random(4)
+    assert pick_max_score(tied, [1.0, 2.0], rng) is tied[1]
+    assert rng.getstate() == random.Random(4).getstate()
+
+
+@pytest.mark.parametrize("limit", [2, 3])
+def test_the_random_picker_still_ranks_fallbacks(limit: int) -> None:
+    profile = ScoringProfile((WeightedScorer(QUEUE_SCORER, 1.0),), picker=RANDOM_PICKER)
+    pods = [pm("q0"), pm("q1", queue=1), pm("q2", queue=2), pm("q3", queue=3)]
+    ranked = scheduler(SchedulerConfig(kind=SCORER, profile=profile)).rank(CRITICAL, pods, limit)
+    assert len(ranked) == limit
+    rest = [p for p in pods if p is not ranked[0]]
+    assert ranked[1:] == rest[: limit - 1], "fallbacks: the best totals after the random first pick"
+
+
 def test_in_flight_counts_steer_requests_between_scrapes() -> None:
     # Both pods scraped idle; the EPP already sent 5 requests to a.
     pods = [inflight(pm("a"), 5), pm("b")]
@@ -169,7 +202,7 @@ def test_in_flight_counts_steer_requests_between_scrapes() -> None:
 def test_sheddable_is_shed_when_no_pod_has_capacity_and_critical_is_not() -> None:
     pods = [pm("a", queue=6), pm("b", kv=0.9)]
     sched = scheduler(SchedulerConfig(kind=SCORER))
-    with pytest.raises(ResourceExhausted):
+    with pytest.raises(ResourceExhausted, match=DROP_MESSAGE):  # the 429's text says why
         sched.schedule(SHEDDABLE, pods)
     assert sched.schedule(CRITICAL, pods).pod.key.name in {"a", "b"}
     # One pod with room admits it; then every fresh pod competes on score (upstream v0.4's order).
