@@ -239,6 +239,10 @@ def test_new_scheduler_passes_on_its_rng_clock_and_pool_name(kind: str) -> None:
     ]
     with pytest.raises(NoEndpoints, match="in pool pool-a"):
         built.schedule(CRITICAL, [])
+    # No pool is named by default, however the scheduler is built.
+    for default in (new_scheduler(config), ScorerScheduler(config), Scheduler(config)):
+        with pytest.raises(NoEndpoints, match=r"^no ready endpoints$"):
+            default.schedule(CRITICAL, [])
 
 
 def test_the_weighted_random_picker_draws_in_proportion_to_the_totals() -> None:
