@@ -59,3 +59,19 @@ def test_the_target_model_salts_the_chain_and_partial_blocks_do_not_count() -> N
     assert len(block_hashes(text, "m", block_chars=64)) == 2
     assert block_hashes(text, "m", block_chars=64) != block_hashes(text, "lora", block_chars=64)
     assert len(block_hashes(text * 10, "m", block_chars=64, max_blocks=3)) == 3
+
+
+@pytest.mark.parametrize(
+    ("block_chars", "max_blocks", "count"),
+    [
+        pytest.param(0, 8, 0, id="zero-block-size-is-no-blocks-not-a-division-by-zero"),
+        pytest.param(-1, 8, 0, id="negative-block-size"),
+        pytest.param(8, 0, 0, id="zero-max-blocks"),
+        pytest.param(1, 8, 5, id="one-char-blocks"),
+        pytest.param(2, 1, 1, id="one-block-at-most"),
+        pytest.param(2, 8, 2, id="only-full-blocks"),
+    ],
+)
+def test_block_size_and_limit_edges(block_chars: int, max_blocks: int, count: int) -> None:
+    hashes = block_hashes("abcde", "m", block_chars=block_chars, max_blocks=max_blocks)
+    assert len(hashes) == count

@@ -82,6 +82,13 @@ def test_scorer_ranks_by_total(pods: list[PodMetrics], limit: int, expected: lis
             ["room2", "room"],
             id="sheddable-fallbacks-stop-where-capacity-ends",
         ),
+        pytest.param(
+            CRITICAL,
+            [pm("q5", queue=5), pm("q0", queue=0)],
+            # every pod ranked before the limit is reached: the list ends there, it is not lost
+            ["q0", "q5"],
+            id="fewer-pods-than-the-limit",
+        ),
     ],
 )
 def test_tree_ranks_by_rerunning_the_tree(

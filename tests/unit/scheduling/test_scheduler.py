@@ -179,6 +179,17 @@ def test_final_pick_is_uniform_among_survivors() -> None:
     assert all(1700 < c < 2300 for c in counts.values()), counts
 
 
+def test_schedule_draws_once_from_the_rng_per_request() -> None:
+    # Four equal pods all survive the tree: each request is one uniform draw, nothing more (a
+    # schedule that ranked fallbacks too would draw again and shift every later decision).
+    pods = [pm(f"p{i}") for i in range(4)]
+    scheduler = Scheduler(SchedulerConfig(), random.Random(9), clock=lambda: NOW)
+    reference = random.Random(9)
+    assert [scheduler.schedule(CRITICAL, pods) for _ in range(20)] == [
+        reference.choice(pods) for _ in range(20)
+    ]
+
+
 def test_same_seed_same_decisions() -> None:
     pods = [pm(f"p{i}", queue=i % 2, kv=0.1 * (i % 3), max_lora=2) for i in range(10)]
     first = Scheduler(SchedulerConfig(), random.Random(9), clock=lambda: NOW)

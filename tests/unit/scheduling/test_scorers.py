@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 from types import MappingProxyType
 
 import pytest
 
-from epp.config import FILTER_TREE, SCORER, SchedulerConfig, ScorerWeights
+from epp.config import (
+    FILTER_TREE,
+    KV_CACHE_SCORER,
+    QUEUE_SCORER,
+    RANDOM_PICKER,
+    SCORER,
+    SchedulerConfig,
+    ScorerWeights,
+    ScoringProfile,
+    WeightedScorer,
+)
 from epp.datastore.types import Dispatched, PodMetrics
 from epp.errors import NoEndpoints, ResourceExhausted
 from epp.scheduling import LLMRequest, ScorerScheduler, new_scheduler
-from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.columns import CompiledProfile
+from epp.scheduling.scheduler import DROP_MESSAGE, Scheduler
 from epp.scheduling.scorers import (
     LORA_BLOCKED,
     LORA_ROOM,
@@ -22,8 +34,12 @@ from epp.scheduling.scorers import (
     kv_cache_scores,
     lora_scores,
     min_max,
+    pick_max_score,
+    pick_random,
+    pick_weighted_random,
     prefix_scores,
     queue_scores,
+    total_scores,
 )
 
 from .pods import NOW, names, pm
@@ -61,6 +77,26 @@ def test_queue_and_kv_scores_prefer_the_emptier_pod() -> None:
     pods = [pm("a", queue=0, kv=0.2), pm("b", queue=10, kv=0.9)]
     assert queue_scores(CRITICAL, pods) == [1.0, 0.0]
     assert kv_cache_scores(CRITICAL, pods) == pytest.approx([0.8, 0.1])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(only(kv_cache=2.0), id="kv-cache-alone"),
+        pytest.param(only(queue=0.5, kv_cache=2.0), id="queue-then-kv-cache-fused"),
+        pytest.param(only(in_flight=0.5, kv_cache=2.0), id="kv-cache-after-another-scorer"),
+    ],
+)
+def test_kv_cache_usage_out_of_range_is_clamped(config: SchedulerConfig) -> None:
+    # A model server may report usage above 1 or below 0: it scores as full (0) or empty (1), never
+    # beyond. Every pod has the same queue and in-flight count, so only the KV scores differ.
+    pods = [pm("over", kv=1.5), pm("under", kv=-0.5), pm("half", kv=0.5), pm("full", kv=1.0), pm("empty")]
+    kv = [0.0, 1.0, 0.5, 0.0, 1.0]
+    assert kv_cache_scores(CRITICAL, pods) == kv
+    rest = sum(s.weight for s in config.scoring_profile.scorers if s.kind != KV_CACHE_SCORER)
+    expected = [rest + 2.0 * score for score in kv]
+    assert total_scores(CRITICAL, pods, config) == expected
+    assert CompiledProfile(config).totals(CRITICAL, pods) == expected
 
 
 def test_in_flight_score_is_proportional_to_the_busiest_pod() -> None:
@@ -125,6 +161,37 @@ def test_ties_are_broken_at_random() -> None:
     assert picks == {"p0", "p1", "p2", "p3"}
 
 
+def test_the_random_picker_draws_uniformly_and_ignores_the_totals() -> None:
+    # The scheduler short-cuts this picker by identity (one draw, no scoring), so it is called here.
+    pods = [pm(f"p{i}") for i in range(4)]
+    totals = [100.0, 0.0, 0.0, 0.0]
+    picks = [pick_random(pods, totals, random.Random(seed)) for seed in range(40)]
+    assert picks == [random.Random(seed).choice(pods) for seed in range(40)]
+    assert set(names(picks)) == {"p0", "p1", "p2", "p3"}
+
+
+def test_two_tied_pods_are_drawn_at_random_and_a_clear_winner_draws_nothing() -> None:
+    tied = [pm("p0"), pm("p1")]
+    assert {pick_max_score(tied, [2.0, 2.0], random.Random(seed)).pod.key.name for seed in range(20)} == {
+        "p0",
+        "p1",
+    }
+    # One winner is taken without touching the RNG: later tie-breaks stay as the seed decides.
+    rng = random.Random(4)
+    assert pick_max_score(tied, [1.0, 2.0], rng) is tied[1]
+    assert rng.getstate() == random.Random(4).getstate()
+
+
+@pytest.mark.parametrize("limit", [2, 3])
+def test_the_random_picker_still_ranks_fallbacks(limit: int) -> None:
+    profile = ScoringProfile((WeightedScorer(QUEUE_SCORER, 1.0),), picker=RANDOM_PICKER)
+    pods = [pm("q0"), pm("q1", queue=1), pm("q2", queue=2), pm("q3", queue=3)]
+    ranked = scheduler(SchedulerConfig(kind=SCORER, profile=profile)).rank(CRITICAL, pods, limit)
+    assert len(ranked) == limit
+    rest = [p for p in pods if p is not ranked[0]]
+    assert ranked[1:] == rest[: limit - 1], "fallbacks: the best totals after the random first pick"
+
+
 def test_in_flight_counts_steer_requests_between_scrapes() -> None:
     # Both pods scraped idle; the EPP already sent 5 requests to a.
     pods = [inflight(pm("a"), 5), pm("b")]
@@ -135,7 +202,7 @@ def test_in_flight_counts_steer_requests_between_scrapes() -> None:
 def test_sheddable_is_shed_when_no_pod_has_capacity_and_critical_is_not() -> None:
     pods = [pm("a", queue=6), pm("b", kv=0.9)]
     sched = scheduler(SchedulerConfig(kind=SCORER))
-    with pytest.raises(ResourceExhausted):
+    with pytest.raises(ResourceExhausted, match=DROP_MESSAGE):  # the 429's text says why
         sched.schedule(SHEDDABLE, pods)
     assert sched.schedule(CRITICAL, pods).pod.key.name in {"a", "b"}
     # One pod with room admits it; then every fresh pod competes on score (upstream v0.4's order).
@@ -157,6 +224,50 @@ def test_new_scheduler_builds_the_configured_kind() -> None:
     assert isinstance(new_scheduler(SchedulerConfig()), ScorerScheduler)  # the default since issue 11
     assert isinstance(new_scheduler(SchedulerConfig(kind=FILTER_TREE)), Scheduler)
     assert isinstance(new_scheduler(SchedulerConfig(kind=SCORER)), ScorerScheduler)
+
+
+@pytest.mark.parametrize("kind", [SCORER, FILTER_TREE])
+def test_new_scheduler_passes_on_its_rng_clock_and_pool_name(kind: str) -> None:
+    # Scraped at an instant every monotonic clock is long past: only the given clock makes them fresh.
+    early = -1e6
+    pods = [pm(f"p{i}", updated_at=early) for i in range(6)]
+    config = SchedulerConfig(kind=kind)
+    built = new_scheduler(config, random.Random(3), lambda: early, pool_name="pool-a")
+    direct = (ScorerScheduler if kind == SCORER else Scheduler)(config, random.Random(3), lambda: early)
+    assert [built.schedule(SHEDDABLE, pods) for _ in range(20)] == [
+        direct.schedule(SHEDDABLE, pods) for _ in range(20)
+    ]
+    with pytest.raises(NoEndpoints, match="in pool pool-a"):
+        built.schedule(CRITICAL, [])
+    # No pool is named by default, however the scheduler is built.
+    for default in (new_scheduler(config), ScorerScheduler(config), Scheduler(config)):
+        with pytest.raises(NoEndpoints, match=r"^no ready endpoints$"):
+            default.schedule(CRITICAL, [])
+
+
+def test_the_weighted_random_picker_draws_in_proportion_to_the_totals() -> None:
+    pods = [pm(f"p{i}") for i in range(3)]
+    rng = random.Random(2)
+    counts = Counter(pick_weighted_random(pods, [0.0, 3.0, 1.0], rng).pod.key.name for _ in range(4000))
+    assert "p0" not in counts, "a zero total is never drawn"
+    assert 2700 < counts["p1"] < 3300, counts
+    # Totals that sum to less than 1 are still weights; negative totals count as 0.
+    assert {pick_weighted_random(pods, [-2.0, 0.5, 0.0], rng).pod.key.name for _ in range(50)} == {"p1"}
+
+
+def test_the_weighted_random_picker_is_uniform_when_every_total_is_zero() -> None:
+    pods = [pm(f"p{i}") for i in range(4)]
+    picks = [pick_weighted_random(pods, [0.0, -1.0, 0.0, 0.0], random.Random(seed)) for seed in range(40)]
+    assert picks == [random.Random(seed).choice(pods) for seed in range(40)]
+
+
+def test_the_weighted_random_picker_draws_once_per_pick() -> None:
+    # The RNG is shared with every later decision: a pick that drew twice would shift them all.
+    pods = [pm(f"p{i}") for i in range(3)]
+    rng, reference = random.Random(6), random.Random(6)
+    pick_weighted_random(pods, [1.0, 2.0, 3.0], rng)
+    reference.random()
+    assert rng.getstate() == reference.getstate()
 
 
 def test_affinity_does_not_hold_on_a_pod_with_an_excessive_queue() -> None:
