@@ -23,37 +23,15 @@ from dataclasses import dataclass, field
 from epp.config import FILTER_TREE, ProberConfig, SchedulerConfig
 from epp.errors import ResourceExhausted
 from epp.pickerconfig import load_picker_config
+from harness.base.shipped import shipped_path
 from harness.cli.bench.virtual.cluster import Router, Shed, VirtualCluster
 from harness.cli.bench.virtual.epp_host import EppHost
 from harness.cli.bench.workload import TraceRequest
 from harness.sim import EngineState
 
-# Upstream v1.5.0's default scheduling, as examples/config/upstream-default.yaml writes it.
-UPSTREAM_V15_DEFAULT = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-  parameters:
-    blockSizeTokens: 16
-    maxPrefixBlocksToMatch: 256
-    lruCapacityPerServer: 31250
-- type: max-score-picker
-- type: metrics-data-source
-- type: core-metrics-extractor
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: max-score-picker
-"""
+# Upstream v1.5.0's default scheduling, the file a user passes with --config-file (shipped with the
+# wheel, so the bench reads exactly what users read).
+UPSTREAM_V15_DEFAULT_FILE = "examples/config/upstream-default.yaml"
 
 EPP = "epp"
 UPSTREAM_DEFAULT = "upstream-v1.5-default"
@@ -68,9 +46,8 @@ KNOWN = (*ALL, EPP_FILTER_TREE)
 
 
 def upstream_default_config() -> SchedulerConfig:
-    return load_picker_config(
-        UPSTREAM_V15_DEFAULT, scheduler=SchedulerConfig(), prober=ProberConfig()
-    ).scheduler
+    text = shipped_path(UPSTREAM_V15_DEFAULT_FILE).read_text(encoding="utf-8")
+    return load_picker_config(text, scheduler=SchedulerConfig(), prober=ProberConfig()).scheduler
 
 
 @dataclass
