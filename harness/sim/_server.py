@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -22,10 +22,12 @@ from harness.sim import _openai as oai
 from harness.sim._admin import admin_app
 from harness.sim._config import DEFAULT_PORT, SimConfig
 from harness.sim._engine import Engine, EngineState, Run
-from harness.sim._h2c import H1_SOCKET, H2_SOCKET, H2cFront
 from harness.sim._kv import text_block_hashes
 from harness.sim._metrics import GaugeOverrides, SimMetrics
 from harness.sim._received import ReceivedLog, ReceivedRequest
+
+if TYPE_CHECKING:
+    from harness.sim._h2c import H2cFront
 
 SERVED_BY_HEADER = "x-served-by"
 # Large enough for multi-MiB prompts (aiohttp's default is 1 MiB).
@@ -81,6 +83,7 @@ class ModelServerSim:
         self._admin_runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._h2c: H2cFront | None = None
+        self._h2_socket: str | None = None  # where the h2c front hands on HTTP/2 streams
         self._socket_dir: Path | None = None
         self._created = int(time.time())
 
@@ -159,9 +162,13 @@ class ModelServerSim:
     async def _start_h2c(self, runner: web.AppRunner) -> int:
         """The serving port as an `H2cFront` (HTTP/1.1 and h2c), the application behind it on two
         Unix sockets in a temp dir; the bound port."""
+        # Imported here: only an h2c simulator needs the `h2` library (the simulator's image has none).
+        from harness.sim._h2c import H1_SOCKET, H2_SOCKET, H2cFront
+
         self._socket_dir = Path(tempfile.mkdtemp(prefix="sim-h2c-"))
         for name in (H1_SOCKET, H2_SOCKET):
             await web.UnixSite(runner, str(self._socket_dir / name)).start()
+        self._h2_socket = str(self._socket_dir / H2_SOCKET)
         self._h2c = H2cFront(self.host, self._requested_port, self._socket_dir)
         await self._h2c.start()
         return self._h2c.port
@@ -172,13 +179,13 @@ class ModelServerSim:
             await front.stop()
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
+            self._socket_dir = self._h2_socket = None
 
     def _http_version(self, request: web.Request) -> str:
         """ "2" for a request the h2c front passed on from an HTTP/2 stream (its own socket says so)."""
         transport = request.transport
         sockname = transport.get_extra_info("sockname") if transport is not None else None
-        if self._socket_dir is not None and sockname == str(self._socket_dir / H2_SOCKET):
+        if self._h2_socket is not None and sockname == self._h2_socket:
             return "2"
         return f"{request.version.major}.{request.version.minor}"
 

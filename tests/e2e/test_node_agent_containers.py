@@ -25,6 +25,7 @@ from harness.cluster.container_images import ImageReady
 from harness.cluster.kube import JsonObject, Kube
 from harness.cluster.pod_status import container_statuses, is_ready
 from harness.nodeagent.containers import POD_UID_LABEL
+from tests import pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.containers, pytest.mark.timeout(900)]
 
@@ -53,18 +54,7 @@ def sim_pod(name: str, image: str, **container: Any) -> JsonObject:
 
 
 def wait_for(kube: Kube, namespace: str, name: str, check: Callable[[JsonObject], None]) -> JsonObject:
-    def current() -> JsonObject:
-        found = kube.pods.get(namespace, name)
-        check(found)
-        return found
-
-    return eventually(current, timeout=TIMEOUT_S, message=f"pod {name}")
-
-
-def the_container(found: JsonObject) -> JsonObject:
-    statuses = container_statuses(found)
-    assert len(statuses) == 1, f"container statuses so far: {statuses}"
-    return statuses[0]
+    return pods.wait_for(kube, namespace, name, check, TIMEOUT_S)
 
 
 def inspect(engine: DockerEngine, container_id: str) -> dict[str, Any]:
@@ -106,7 +96,7 @@ def test_a_pod_of_our_image_is_a_container_under_its_security_context_and_limits
         assert is_ready(found), (found["status"].get("conditions"), container_statuses(found))
 
     found = wait_for(kube, namespace, "in-a-container", running_ready)
-    status = the_container(found)
+    status = pods.the_container(found)
     assert status["containerID"].startswith("docker://"), status
     container_id = status["containerID"].removeprefix("docker://")
     image_id = json.loads(container_engine.docker("image", "inspect", sim_image.tag))[0]["Id"]
@@ -170,7 +160,7 @@ def test_a_container_that_exits_is_restarted_and_its_exit_code_reported(
     kube.pods.create(namespace, sim_pod("once", sim_image.tag, restartPolicy="Never", **exits))
 
     def restarted(found: JsonObject) -> None:
-        status = the_container(found)
+        status = pods.the_container(found)
         assert status["restartCount"] >= 1, status
         last = status["lastState"].get("terminated") or {}
         assert last.get("exitCode") == 3, status
@@ -181,7 +171,7 @@ def test_a_container_that_exits_is_restarted_and_its_exit_code_reported(
 
     def failed(found: JsonObject) -> None:
         assert found["status"].get("phase") == "Failed", found["status"]
-        terminated = the_container(found)["state"]["terminated"]
+        terminated = pods.the_container(found)["state"]["terminated"]
         assert terminated["exitCode"] == 3, terminated
 
     wait_for(kube, namespace, "once", failed)
@@ -197,8 +187,8 @@ def test_a_container_over_its_memory_limit_is_oom_killed(
     kube.pods.create(namespace, body)
 
     def oom_killed(found: JsonObject) -> None:
-        terminated = the_container(found)["state"].get("terminated") or {}
-        assert terminated.get("reason") == "OOMKilled", the_container(found)
+        terminated = pods.the_container(found)["state"].get("terminated") or {}
+        assert terminated.get("reason") == "OOMKilled", pods.the_container(found)
         assert terminated.get("exitCode") == 137, terminated
 
     wait_for(kube, namespace, "oom", oom_killed)
@@ -212,8 +202,8 @@ def test_run_as_non_root_with_user_zero_is_refused_before_anything_runs(
     created = kube.pods.create(namespace, sim_pod("as-root", sim_image.tag, securityContext=security))
 
     def refused(found: JsonObject) -> None:
-        waiting = the_container(found)["state"].get("waiting") or {}
-        assert waiting.get("reason") == "CreateContainerConfigError", the_container(found)
+        waiting = pods.the_container(found)["state"].get("waiting") or {}
+        assert waiting.get("reason") == "CreateContainerConfigError", pods.the_container(found)
         assert "runAsUser breaks non-root policy" in waiting.get("message", ""), waiting
 
     wait_for(kube, namespace, "as-root", refused)

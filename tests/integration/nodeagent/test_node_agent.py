@@ -26,8 +26,9 @@ from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.kube import JsonObject, Kube
 from harness.cluster.kubectl import kubectl
 from harness.cluster.namespaces import TEST_LABEL, create_namespace, namespace_name
-from harness.cluster.pod_status import container_statuses, is_ready
+from harness.cluster.pod_status import is_ready
 from harness.sim import ADMIN_PORT_OFFSET, SimAdmin
+from tests import pods
 
 pytestmark = pytest.mark.integration
 
@@ -56,18 +57,7 @@ def pod(name: str, image: str, *, args: list[str] | None = None, **spec: Any) ->
 
 
 def wait_for(kube: Kube, namespace: str, name: str, check: Callable[[JsonObject], None]) -> JsonObject:
-    def current() -> JsonObject:
-        found = kube.pods.get(namespace, name)
-        check(found)
-        return found
-
-    return eventually(current, timeout=TIMEOUT_S, message=f"pod {name}")
-
-
-def the_container(found: JsonObject) -> JsonObject:
-    statuses = container_statuses(found)
-    assert len(statuses) == 1, f"container statuses so far: {statuses}"
-    return statuses[0]
+    return pods.wait_for(kube, namespace, name, check, TIMEOUT_S)
 
 
 def running_ready(found: JsonObject) -> None:
@@ -97,7 +87,7 @@ def test_a_running_pod_has_the_status_a_kubelet_writes(
     assert status["hostIP"] == "127.0.0.1"
     assert status["hostIPs"] == [{"ip": "127.0.0.1"}]
     assert status["startTime"]
-    container = the_container(found)
+    container = pods.the_container(found)
     assert container["name"] == "sim"
     assert container["ready"] is True
     assert container["started"] is True
@@ -136,14 +126,14 @@ def test_an_unknown_image_fails_like_an_image_pull_and_the_pod_stays_pending(
 
     def both_reasons(found: JsonObject) -> None:
         assert found["status"]["phase"] == "Pending", found["status"]
-        container = the_container(found)
+        container = pods.the_container(found)
         reasons.add(container["state"]["waiting"]["reason"])
         # A kubelet says ContainerCreating while it pulls; then the pull fails and backs off.
         assert reasons <= {"ContainerCreating", "ErrImagePull", "ImagePullBackOff"}, reasons
         assert {"ErrImagePull", "ImagePullBackOff"} <= reasons, reasons
 
     found = wait_for(kube, namespace, "nowhere", both_reasons)
-    container = the_container(found)
+    container = pods.the_container(found)
     assert "example.invalid/no-such-image:1" in container["state"]["waiting"]["message"]
     assert not is_ready(found)
 
@@ -196,7 +186,7 @@ def test_a_crashing_container_is_restarted_with_a_growing_backoff(
     kube.pods.create(namespace, pod("crasher", "epp-harness/vllm-sim:1", args=["--no-such-flag"]))
 
     def crash_looping(found: JsonObject) -> None:
-        container = the_container(found)
+        container = pods.the_container(found)
         assert container["restartCount"] >= 2, container
         assert container["lastState"]["terminated"]["exitCode"] == 2, container  # argparse's usage error
         assert container["lastState"]["terminated"]["reason"] == "Error", container
@@ -217,7 +207,7 @@ def test_restart_policy_never_leaves_a_failed_pod(kube_api: ApiClient, namespace
         assert found["status"]["phase"] == "Failed", found["status"]
 
     found = wait_for(kube, namespace, "once", failed)
-    container = the_container(found)
+    container = pods.the_container(found)
     assert container["restartCount"] == 0
     assert container["state"]["terminated"]["exitCode"] == 2
 
@@ -232,11 +222,11 @@ def test_a_failing_liveness_probe_restarts_the_container(
     kube.pods.create(namespace, body)
 
     def restarted(found: JsonObject) -> None:
-        container = the_container(found)
+        container = pods.the_container(found)
         assert container["restartCount"] >= 1, container
 
     found = wait_for(kube, namespace, "sick", restarted)
-    container = the_container(found)
+    container = pods.the_container(found)
     assert container["lastState"]["terminated"]["exitCode"] == 0, "stopped with SIGTERM: a clean exit"
     assert not is_ready(found)
 
