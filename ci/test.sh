@@ -40,6 +40,7 @@ V1_SCENARIOS=(
     tests/e2e/test_optional_kinds.py
     tests/e2e/test_pool_boundaries.py
     tests/e2e/test_pool_resync.py
+    tests/e2e/test_prefix_affinity.py
     tests/e2e/test_target_ports.py
     tests/e2e/test_up_with_epp.py
     tests/e2e/test_v1_fallbacks.py
