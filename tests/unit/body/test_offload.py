@@ -88,19 +88,23 @@ def test_a_child_that_dies_fails_one_request_and_is_replaced(tmp_path: Path) -> 
     asyncio.run(main())
 
 
-def test_a_cancelled_scan_kills_the_child_and_the_next_one_starts_fresh(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    # Reads the body, then waits for the gate before answering: the scan is in flight until then.
-    slow = f"""
+def gated_worker(gate: Path) -> list[str]:
+    """A real worker that reads a body, then answers only once ``gate`` exists: a scan held in flight."""
+    code = f"""
 import os, sys, time
 from epp.body.worker import serve
 while not os.path.exists({str(gate)!r}):
     time.sleep(0.01)
 serve(sys.stdin.buffer, sys.stdout.buffer)
 """
+    return [sys.executable, "-c", code]
+
+
+def test_a_cancelled_scan_kills_the_child_and_the_next_one_starts_fresh(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
 
     async def main() -> None:
-        scanner = BodyScanner(offload_bytes=SMALL_LIMIT, command=[sys.executable, "-c", slow])
+        scanner = BodyScanner(offload_bytes=SMALL_LIMIT, command=gated_worker(gate))
         try:
             scan = asyncio.create_task(scanner.scan(BIG))
 
@@ -129,5 +133,41 @@ def test_after_aclose_a_big_body_is_refused_and_no_child_starts() -> None:
         with pytest.raises(Internal, match="shutting down"):
             await scanner.scan(BIG)
         assert scanner.child_pid is None
+
+    asyncio.run(main())
+
+
+def test_a_big_body_held_in_the_child_never_holds_up_small_bodies_or_the_loop(tmp_path: Path) -> None:
+    """The guarantee behind the offload: an 8 MiB body decoded on the loop stalled every stream and
+    probe for ~640 ms. With the big body parked in the child, small ones and other tasks go on."""
+    gate = tmp_path / "gate"
+
+    async def main() -> None:
+        scanner = BodyScanner(offload_bytes=SMALL_LIMIT, command=gated_worker(gate))
+        try:
+            big = asyncio.create_task(scanner.scan(BIG))
+
+            async def in_the_child() -> None:
+                assert scanner.child_pid is not None, "the big body was not sent to the child"
+
+            await eventually_async(in_the_child)
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                for _ in range(20):
+                    await asyncio.sleep(0.001)
+                    ticks += 1
+
+            await asyncio.wait_for(tick(), timeout=10)
+            for _ in range(50):
+                small = await asyncio.wait_for(scanner.scan(b'{"model": "small"}'), timeout=10)
+                assert small.model == "small"
+            assert ticks == 20
+            assert not big.done(), "the big body was answered without its child"
+            gate.touch()
+            assert (await asyncio.wait_for(big, timeout=30)).model == "m"
+        finally:
+            await scanner.aclose()
 
     asyncio.run(main())
