@@ -7,7 +7,7 @@ import json
 import re
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx2
@@ -122,6 +122,22 @@ def wait_routable(stack: Stack, pods: Sequence[str], timeout: float = 15.0) -> N
         assert not unscraped, f"not scraped yet: {unscraped}"
 
     eventually(check, timeout=timeout, message=f"EPP routes to exactly {sorted(pods)}")
+
+
+def wait_queues_seen(stack: Stack, queues: Mapping[str, int], timeout: float = 15.0) -> None:
+    """Until the EPP's datastore holds each pod's pinned waiting queue (``{pod: waiting}``).
+
+    `wait_routable` waits for a first scrape, which may predate gauges pinned just after the pod came
+    up: a test whose ranking rests on them waits for the scraped values themselves.
+    """
+    assert stack.white_box, "the EPP under test has no datastore view"
+
+    def check() -> None:
+        pods = {p["name"]: p for p in stack.datastore_view().get("pods") or []}
+        seen = {name: (pods.get(name) or {}).get("metrics", {}).get("waitingQueueSize") for name in queues}
+        assert seen == dict(queues), f"the EPP sees queues {seen}"
+
+    eventually(check, timeout=timeout, message=f"the EPP sees the queues {dict(queues)}")
 
 
 def settled_access_log(stack: Stack, timeout: float = 10.0) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import pytest
 
-from harness.base.eventually import eventually
 from harness.beds.stack import Stack, StackOptions
 from harness.plugin.core import namespace_name
 from harness.scenarios.support import (
@@ -23,6 +22,7 @@ from harness.scenarios.support import (
     requests_by_model,
     served_by,
     settled_access_log,
+    wait_queues_seen,
     wait_routable,
 )
 
@@ -52,13 +52,7 @@ def layout(shared_stack: Stack) -> Stack:
     cluster.add_pod(OUTSIDE, labels={"app": "not-the-pool"})
     cluster.set_gauges(BUSY, waiting=BUSY_QUEUE)
     wait_routable(shared_stack, [BUSY, ROUTABLE])
-
-    def busy_reported() -> None:
-        pods = {p["name"]: p for p in shared_stack.datastore_view()["pods"]}
-        assert pods[BUSY]["metrics"]["waitingQueueSize"] == BUSY_QUEUE
-        assert pods[ROUTABLE]["metrics"]["waitingQueueSize"] == 0
-
-    eventually(busy_reported, message="the EPP sees the busy pod's queue")
+    wait_queues_seen(shared_stack, {BUSY: BUSY_QUEUE, ROUTABLE: 0})
     return shared_stack
 
 

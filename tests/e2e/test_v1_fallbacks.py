@@ -18,7 +18,14 @@ from harness.base.eventually import eventually
 from harness.beds.stack import BASE_MODEL, Stack, StackOptions
 from harness.dataplane.envoy import EnvoyOptions
 from harness.plugin.core import namespace_name
-from harness.scenarios.support import CLIENT_TIMEOUT_S, cluster_of, endpoint, served_by, wait_routable
+from harness.scenarios.support import (
+    CLIENT_TIMEOUT_S,
+    cluster_of,
+    endpoint,
+    served_by,
+    wait_queues_seen,
+    wait_routable,
+)
 from harness.sim import SimConfig
 
 pytestmark = [pytest.mark.e2e]
@@ -48,6 +55,8 @@ def test_a_pick_that_refuses_the_connection_is_served_by_the_first_fallback(shar
     cluster.set_gauges(FIRST_FALLBACK, waiting=2, kv_cache=0.1)
     cluster.set_gauges(LAST, waiting=6, kv_cache=0.5)
     wait_routable(shared_stack, [DEAD, FIRST_FALLBACK, LAST])
+    # The ranking below rests on these queues: the first scrape may predate the pins.
+    wait_queues_seen(shared_stack, {DEAD: 0, FIRST_FALLBACK: 2, LAST: 6})
     assert shared_stack.pool_endpoints is not None
     shared_stack.pool_endpoints.wait_published(
         [endpoint(shared_stack, p) for p in (DEAD, FIRST_FALLBACK, LAST)]
