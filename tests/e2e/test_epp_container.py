@@ -22,6 +22,7 @@ from harness.cluster.builders import PoolBuilder
 from harness.cluster.container_engine import DockerEngine
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.kube import Kube
+from harness.cluster.releases import V1, session_generation
 from harness.dataplane.extproc_client import ExtProcClient
 from harness.nodeagent import containerfile
 from harness.nodeagent.image_builds import BuiltImages
@@ -46,17 +47,26 @@ def test_the_epp_image_runs_as_the_chart_runs_it_non_root_with_a_read_only_root(
 ) -> None:
     Kube(kube_api).pools.create(
         namespace,
-        PoolBuilder(POOL).selector(app="container-sim").port(8000).extension_ref(f"{POOL}-epp").build(),
+        PoolBuilder(POOL)
+        .selector(app="container-sim")
+        .port(8000)
+        .extension_ref(f"{POOL}-epp")
+        .build(session_generation()),
     )
     with EppContainer(container_engine, epp_image.tag, control_plane, POOL, namespace) as epp:
         epp.wait_serving(timeout=90)
         # An ext_proc stream, as Envoy opens one (TLS, the EPP's self-signed certificate as the
         # chart runs it without tlsSecretName): the pool has no model and no pod, so the EPP
-        # answers the request itself.
+        # answers the request itself: v1alpha2 knows models only from InferenceModels (404); v1
+        # routes any model name and finds no endpoint in the pool (503, naming it).
         with ExtProcClient(epp.ext_proc_address, tls=True) as client:
             answer = client.route({"model": "no-such-model", "prompt": "hi", "max_tokens": 1})
-        assert answer.status == 404, answer
-        assert "no-such-model not found" in answer.message, answer
+        if session_generation() is V1:
+            assert answer.status == 503, answer
+            assert f"InferencePool {POOL}" in answer.message, answer
+        else:
+            assert answer.status == 404, answer
+            assert "no-such-model not found" in answer.message, answer
 
         # The image's own user (the Containerfile's USER; the chart only says runAsNonRoot).
         user = containerfile.image_layout(containerfile.read(containerfile.repository_containerfile())).user
