@@ -128,6 +128,17 @@ def old_pool(w: World) -> None:
             {"o": 3},
             id="pool-recreated-relists",
         ),
+        pytest.param(
+            lambda w: (
+                v1_pool(w),
+                w.objective_event(objects.objective("o", 3)),
+                w.objective_event(objects.objective("x", 5, ref=objects.pool_ref(group=V1ALPHA2_GROUP))),
+                w.pool_event(None),
+                v1_pool(w),
+            ),
+            {"o": 3},
+            id="pool-recreated-relists-only-what-binds",
+        ),
     ],
 )
 def test_objective_events(scenario: Callable[[World], object], stored: dict[str, int | None]) -> None:
@@ -184,3 +195,22 @@ def test_pool_target_ports_change_through_the_reconciler(
     # And back: a shrink leaves no stale rank (upstream #2306).
     v1_pool(w, (8000,))
     assert w.endpoints() == ["p1@8000", "p2@8000"]
+
+
+def test_a_removal_is_logged_once_and_an_object_never_stored_is_not(caplog: pytest.LogCaptureFixture) -> None:
+    """Operators read "objective … removed" as "it stopped applying": never for one that never did."""
+    w = World()
+    v1_pool(w)
+    with caplog.at_level("INFO", logger="epp.controller.bound_reconcilers"):
+        w.objective_event(objects.objective("foreign", 3, ref=objects.pool_ref(group=V1ALPHA2_GROUP)))
+        w.objective_event(objects.objective("o", 3))
+        w.rewrite_event(objects.rewrite("r", objects.rule("llama", targets=[("t", 1)])))
+        w.objective_event(None, key=key("foreign"))
+        w.objective_event(None, key=key("o"))
+        w.rewrite_event(None, key=key("r"))
+        w.rewrite_event(None, key=key("r"))  # already gone: nothing to say
+        w.rewrite_event(None, key=key("never-stored"))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"objective {key('o')} removed",
+        f"rewrite {key('r')} removed",
+    ]
