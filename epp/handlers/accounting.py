@@ -97,5 +97,19 @@ class Accounting:
         if self._memory is not None:
             self._memory.pod_dispatch_finished(dispatch.pod, dispatch.target_model)
 
+    def served_by(
+        self, dispatch: Dispatch | None, pod: PodMetrics, target_model: str, query: PrefixQuery
+    ) -> Dispatch | None:
+        """A fallback served the request ``dispatch`` counted on its pick: move it to ``pod``.
+
+        The in-flight count goes with the request, and the prompt's prefix is remembered on the pod
+        that really holds it now (the pick's entry stays: the index forgets by age, not by request).
+        """
+        if dispatch is not None:
+            if dispatch.pod == pod.pod.key:
+                return dispatch
+            self.finished(dispatch)
+        return self.routed(pod, target_model, query)
+
 
 NO_ACCOUNTING = Accounting(None)

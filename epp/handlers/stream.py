@@ -58,8 +58,9 @@ from epp.body import BodyScanner, with_model
 from epp.datastore.types import PodMetrics
 from epp.errors import BadRequest, EppError, Internal, NoEndpoints, PayloadTooLarge
 from epp.handlers import responses
-from epp.handlers.accounting import NO_ACCOUNTING, Accounting, Dispatch
+from epp.handlers.accounting import NO_ACCOUNTING, Accounting, Dispatch, PrefixQuery
 from epp.handlers.request import resolve
+from epp.handlers.served import served_endpoint
 from epp.handlers.subset import SUBSET_KEY, SUBSET_NAMESPACE, Subset, parse_subset
 from epp.handlers.usage import MAX_JSON_RESPONSE_BYTES, SseUsageScanner, Usage, usage_from_json
 from epp.metrics import UNKNOWN_MODEL, RequestMetrics
@@ -187,6 +188,7 @@ class ExtProcStream:
         "_response_kind",
         "_response_size",
         "_routed",
+        "_routing",
         "_sse",
         "_subset",
         "headers",
@@ -221,6 +223,9 @@ class ExtProcStream:
         self._response_size = 0
         self._response_done = False
         self._in_flight: Dispatch | None = None
+        # What the pick was made from (ranked pods, target model, prefix query): a fallback that
+        # serves takes the in-flight count over (`epp.handlers.served`).
+        self._routing: tuple[Sequence[PodMetrics], str, PrefixQuery] | None = None
 
     # --- entry points ----------------------------------------------------------------------------
     async def handle(self, raw: bytes) -> tuple[Reply, bool]:
@@ -263,6 +268,8 @@ class ExtProcStream:
         if kind in _RESPONSE_SIDE:
             try:
                 if kind == "response_headers":
+                    if self._routing is not None and req.HasField("metadata_context"):
+                        self._served(served_endpoint(req.metadata_context))
                     self._response_headers(req.response_headers)
                 elif kind == "response_body":
                     self._response_body(req.response_body)
@@ -396,6 +403,8 @@ class ExtProcStream:
         ranked = deps.scheduler.rank(request, pods, 1 + deps.fallbacks)
         # Only the pick counts as in flight: a fallback serves the request only if the pick cannot.
         self._in_flight = deps.accounting.routed(ranked[0], target, prefix)
+        if len(ranked) > 1:
+            self._routing = (ranked, target, prefix)
         endpoint = destination_list(ranked, pool)
         rewritten = target != scanned.model
         body = with_model(raw, scanned, target) if rewritten else raw
@@ -457,6 +466,18 @@ class ExtProcStream:
             self._deps.metrics.request_failed(self.model, self.target, code)
 
     # --- response side ---------------------------------------------------------------------------
+    def _served(self, endpoint: str | None) -> None:
+        """The proxy says which endpoint served: a fallback takes the request over from the pick."""
+        assert self._routing is not None
+        ranked, target, prefix = self._routing
+        if endpoint is None or endpoint == ranked[0].pod.endpoint:
+            return
+        served = next((pod for pod in ranked[1:] if pod.pod.endpoint == endpoint), None)
+        if served is None:
+            log.debug("served by %s, which is not among the endpoints sent: ignored", endpoint)
+            return
+        self._in_flight = self._deps.accounting.served_by(self._in_flight, served, target, prefix)
+
     def _response_headers(self, msg: pb.HttpHeaders) -> None:
         for header in msg.headers.headers:
             name = header.key.lower()

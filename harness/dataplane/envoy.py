@@ -100,6 +100,9 @@ with warnings.catch_warnings():
         DataSource,
         GrpcService,
         GrpcServiceEnvoyGrpc,
+        HeaderValue,
+        HeaderValueOption,
+        HeaderValueOptionHeaderAppendAction,
         HealthCheck,
         HealthCheckGrpcHealthCheck,
         Http2ProtocolOptions,
@@ -224,6 +227,11 @@ HeaderMode = Literal["SEND", "SKIP"]
 # The proxy's subset hint (upstream v1 protocol): request metadata the EPP reads.
 SUBSET_HINT_NAMESPACE: Final = "envoy.lb.subset_hint"
 SUBSET_HINT_KEY: Final = "x-gateway-destination-endpoint-subset"
+# The endpoint that served (upstream v1 protocol, "Destination Endpoint Served"): response metadata
+# the EPP reads. Envoy has no setting that writes it, so the route stamps the upstream host on the
+# response as this header and header_to_metadata moves it into the metadata (and off the response)
+# before ext_proc sees the response headers.
+SERVED_KEY: Final = "x-gateway-destination-endpoint-served"
 # Upstream's test envoy.yaml (v1.0.0 … v1.5.0) waits this long for each ext_proc reply.
 V1_MESSAGE_TIMEOUT_S: Final = 1000.0
 
@@ -336,6 +344,9 @@ class EnvoyOptions:
     # EPP that answers every chunk before its headers reply (lwepp v1.6.0), which Envoy refuses as a
     # `spurious_message` when the body comes in pieces.
     buffer_request_body: bool = False
+    # Report the endpoint that really served each request to the EPP (`SERVED_KEY`), so a fallback
+    # that serves is known as such: what a list-aware gateway owes the EPP in the v1 protocol.
+    report_served_endpoint: bool = False
 
     @property
     def list_aware(self) -> bool:
@@ -355,6 +366,7 @@ class EnvoyOptions:
             "response_header_mode": "SEND",
             "message_timeout_s": V1_MESSAGE_TIMEOUT_S,
             "follow_pool_endpoints": True,
+            "report_served_endpoint": True,
         }
         return cls(**{**settings, **overrides})
 
@@ -394,6 +406,8 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
     duplex = options.request_body_mode == "FULL_DUPLEX_STREAMED"
     response_duplex = options.response_body_mode == "FULL_DUPLEX_STREAMED"
     forwarded = [SUBSET_HINT_NAMESPACE] if options.subset_hint_header else []
+    if options.report_served_endpoint:
+        forwarded.append(DESTINATION_NAMESPACE)
     return ExternalProcessor(
         grpc_service=GrpcService(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
@@ -534,6 +548,22 @@ def subset_hint_filter(header_name: str) -> HttpFilter:
     return HttpFilter(
         name="envoy.filters.http.header_to_metadata",
         typed_config=AnyProto.pack(HeaderToMetadata(request_rules=[rule])),
+    )
+
+
+def served_endpoint_filter() -> HttpFilter:
+    """header_to_metadata on the response: the route's served-endpoint header → `envoy.lb` metadata
+    (`SERVED_KEY`), the header removed, so the client never sees it and ext_proc gets the metadata."""
+    rule = HeaderToMetadataRule(
+        header=SERVED_KEY,
+        on_header_present=HeaderToMetadataKeyValuePair(
+            metadata_namespace=DESTINATION_NAMESPACE, key=SERVED_KEY, type=HeaderToMetadataValueType.STRING
+        ),
+        remove=True,
+    )
+    return HttpFilter(
+        name="envoy.filters.http.header_to_metadata",
+        typed_config=AnyProto.pack(HeaderToMetadata(response_rules=[rule])),
     )
 
 
@@ -679,11 +709,25 @@ def _model_servers_route(options: EnvoyOptions) -> RouteConfiguration:
                             timeout=_seconds(options.route_timeout_s),
                             retry_policy=retries,
                         ),
+                        response_headers_to_add=_served_endpoint_header(options),
                     )
                 ],
             )
         ],
     )
+
+
+def _served_endpoint_header(options: EnvoyOptions) -> list[HeaderValueOption]:
+    """The host Envoy reached, last attempt (after fallbacks) included; a model server's own header
+    of that name is overwritten, never believed."""
+    if not options.report_served_endpoint:
+        return []
+    return [
+        HeaderValueOption(
+            header=HeaderValue(key=SERVED_KEY, value="%UPSTREAM_HOST%"),
+            append_action=HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+    ]
 
 
 def _ingress_listener(hcm: HttpConnectionManager, port: int, options: EnvoyOptions) -> Listener:
@@ -737,6 +781,9 @@ def build_bootstrap(
             name="envoy.filters.http.ext_proc", typed_config=AnyProto.pack(ext_proc_filter(options))
         )
         http_filters.insert(0, ext_proc)
+        if options.report_served_endpoint:
+            # Between ext_proc and the router: on the response it runs before ext_proc.
+            http_filters.insert(1, served_endpoint_filter())
         if options.buffer_request_body:
             http_filters.insert(0, request_buffer_filter(options.buffer_limit_bytes))
         if options.subset_hint_header:

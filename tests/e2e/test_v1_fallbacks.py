@@ -70,6 +70,8 @@ def test_a_pick_that_refuses_the_connection_is_served_by_the_first_fallback(shar
             response = http.post("/completions", json=body)
             assert response.status_code == 200, response.text
             served.append(served_by(response.headers))
+            # Envoy reports the served endpoint to the EPP on the response (metadata); never to the client.
+            assert "x-gateway-destination-endpoint-served" not in response.headers
     assert served == [endpoint(shared_stack, FIRST_FALLBACK)] * REQUESTS
 
     # The EPP did pick the dead pod first each time: the list Envoy walked starts with it.

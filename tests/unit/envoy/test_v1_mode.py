@@ -18,6 +18,7 @@ from harness.base.binaries import envoy_path
 from harness.base.ports import reserve_port
 from harness.cluster.certs import TinyCA
 from harness.dataplane.envoy import (
+    SERVED_KEY,
     SUBSET_HINT_KEY,
     SUBSET_HINT_NAMESPACE,
     EnvoyOptions,
@@ -71,10 +72,10 @@ def http_filters(tmp_path: Path, options: EnvoyOptions) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("options", "names"),
     [
-        pytest.param(EnvoyOptions.v1(), ["ext_proc", "router"], id="v1"),
+        pytest.param(EnvoyOptions.v1(), ["ext_proc", "header_to_metadata", "router"], id="v1"),
         pytest.param(
             EnvoyOptions.v1(subset_hint_header=SUBSET_HEADER),
-            ["header_to_metadata", "ext_proc", "router"],
+            ["header_to_metadata", "ext_proc", "header_to_metadata", "router"],
             id="v1-with-subset-hint-header",
         ),
     ],
@@ -93,7 +94,20 @@ def test_v1_mode_is_upstreams_test_envoy(tmp_path: Path, options: EnvoyOptions, 
     }
     assert ext_proc["messageTimeout"] == "1000s"
     forwarded = ext_proc["metadataOptions"].get("forwardingNamespaces", {}).get("untyped", [])
-    assert forwarded == ([SUBSET_HINT_NAMESPACE] if options.subset_hint_header else [])
+    assert forwarded == ([SUBSET_HINT_NAMESPACE] if options.subset_hint_header else []) + ["envoy.lb"]
+    # The served endpoint (after fallbacks): the route stamps the upstream host on the response,
+    # the filter just before the router moves it into envoy.lb metadata and off the response.
+    (served_rule,) = filters[-2]["typedConfig"]["responseRules"]
+    assert served_rule["header"] == SERVED_KEY
+    assert served_rule["remove"] is True
+    assert served_rule["onHeaderPresent"]["metadataNamespace"] == "envoy.lb"
+    assert served_rule["onHeaderPresent"]["key"] == SERVED_KEY
+    route = validated(tmp_path, options)["staticResources"]["listeners"][0]["filterChains"][0]["filters"][0][
+        "typedConfig"
+    ]["routeConfig"]["virtualHosts"][0]["routes"][0]
+    (stamp,) = route["responseHeadersToAdd"]
+    assert stamp["header"] == {"key": SERVED_KEY, "value": "%UPSTREAM_HOST%"}
+    assert stamp["appendAction"] == "OVERWRITE_IF_EXISTS_OR_ADD"
     if options.subset_hint_header:
         (rule,) = filters[0]["typedConfig"]["requestRules"]
         assert rule["header"] == SUBSET_HEADER

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.datastore import PodMetrics
+from epp.handlers.served import SERVED_KEY, SERVED_NAMESPACE
 from epp.scheduling.prefix import block_hashes
 from harness.base.eventually import eventually_async
 
@@ -121,3 +124,51 @@ def test_without_prefix_awareness_no_prompt_is_hashed() -> None:
     asyncio.run(scenario())
     (request,) = e.scheduler.requests
     assert (request.prefix_blocks, dict(request.prefix_matches)) == (0, {})
+
+
+def served_report(endpoint: str) -> pb.ProcessingRequest:
+    """Response headers as a list-aware proxy sends them: the endpoint that served, in metadata."""
+    report = headers({":status": "200", "content-type": "application/json"}, response=True)
+    report.metadata_context.filter_metadata[SERVED_NAMESPACE].update({SERVED_KEY: endpoint})
+    return report
+
+
+@pytest.mark.parametrize(
+    ("served", "counted"),
+    [
+        pytest.param("10.0.0.2:8000", {"pod-1": 0, "pod-2": 1}, id="a-fallback-served"),
+        pytest.param("10.0.0.1:8000", {"pod-1": 1, "pod-2": 0}, id="the-pick-served"),
+        pytest.param("10.9.9.9:8000", {"pod-1": 1, "pod-2": 0}, id="not-among-those-sent"),
+    ],
+)
+def test_the_endpoint_that_served_holds_the_request_and_its_prefix(
+    served: str, counted: dict[str, int]
+) -> None:
+    """The proxy walked the list: the fallback that served counts the request in flight and holds its
+    prompt's prefix, as the pick would have; an endpoint the EPP never sent is not believed."""
+    e = env(prefix_aware=True)
+    e.fallbacks = 1
+    e.scheduler.pick = "pod-1"
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(headers())
+            await call.read()
+            await call.write(body(COMPLETION))
+            await call.read()
+            assert {n: pod(e, n).dispatched.count for n in counted} == {"pod-1": 1, "pod-2": 0}
+            await call.write(served_report(served))
+            await call.read()
+            assert {n: pod(e, n).dispatched.count for n in counted} == counted
+            holder = e.datastore.prefix_matches(block_hashes(LONG_PROMPT, "food-review-lora"))
+            holders = {key.name for key, blocks in holder.items() if blocks}
+            assert holders == {n for n, c in counted.items() if c} | {"pod-1"}
+            await call.done_writing()
+
+            async def ended() -> None:
+                assert {n: pod(e, n).dispatched.count for n in counted} == {"pod-1": 0, "pod-2": 0}
+
+            await eventually_async(ended)
+
+    asyncio.run(scenario())
