@@ -8,9 +8,11 @@ response headers, three messages per HTTP request, many streams in flight. Half 
 model whose target differs, so the body-rewrite path is exercised too. Prints, never asserts.
 `--transport` picks the server: the EPP's own `epp.h2` (default) or grpc.aio (`grpcio`).
 `--protocol v1` replays the v1 set-up instead (both bodies FULL_DUPLEX_STREAMED, as upstream's test
-envoy.yaml): request headers and body sent without waiting (two replies back: the routing headers and
-the body), then the response headers and a ~300 B JSON completion with usage, each answered; four
-messages per request. `--profile FILE` writes the server's cProfile stats there.
+envoy.yaml), in the six messages Envoy 1.40 sends there (counted under bench_e2e_latency): request
+headers, the body and an empty chunk ending it, sent without waiting (two replies back: the routing
+headers and the body), then the response headers, a ~300 B JSON completion with usage and an empty
+chunk ending it, each answered; every message carries an empty metadata_context, as Envoy's do.
+`--profile FILE` writes the server's cProfile stats there.
 
     .venv/bin/python benchmarks/bench_ext_proc.py [--seconds 10] [--concurrency 32] [--transport grpcio]
         [--protocol buffered|v1] [--profile FILE]
@@ -148,6 +150,14 @@ def _headers(pairs: dict[str, str], response: bool = False) -> bytes:
     return bytes(req.SerializeToString())
 
 
+def _with_metadata(message: pb.ProcessingRequest | bytes) -> bytes:
+    """The message with the empty metadata_context Envoy 1.40 adds to each one in the v1 set-up."""
+    if isinstance(message, bytes):
+        message = pb.ProcessingRequest.FromString(message)
+    message.metadata_context.SetInParent()
+    return bytes(message.SerializeToString())
+
+
 def captured_requests(protocol: str = BUFFERED) -> list[list[bytes]]:
     """Two request shapes (passthrough and rewrite), each as the messages Envoy sends (module docstring)."""
     request_headers = _headers(
@@ -182,10 +192,11 @@ def captured_requests(protocol: str = BUFFERED) -> list[list[bytes]]:
             ],
             "usage": {"prompt_tokens": 17, "completion_tokens": 16, "total_tokens": 33},
         }
-        response_body = pb.ProcessingRequest(
-            response_body=pb.HttpBody(body=json.dumps(completion).encode(), end_of_stream=True)
-        )
-        response_tail = [response_headers, bytes(response_body.SerializeToString())]
+        # As Envoy 1.40 sends a full duplex body: the bytes, then an empty chunk that ends the stream;
+        # every message carries an (empty) metadata_context.
+        response_body = pb.ProcessingRequest(response_body=pb.HttpBody(body=json.dumps(completion).encode()))
+        response_end = pb.ProcessingRequest(response_body=pb.HttpBody(end_of_stream=True))
+        response_tail = [response_headers, *(_with_metadata(m) for m in (response_body, response_end))]
     else:
         response_tail = [response_headers]
     shapes = []
@@ -199,16 +210,24 @@ def captured_requests(protocol: str = BUFFERED) -> list[list[bytes]]:
                 "stream": False,
             }
         ).encode()
-        req = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
-        shapes.append([request_headers, bytes(req.SerializeToString()), *response_tail])
+        if protocol == V1:
+            chunk = pb.ProcessingRequest(request_body=pb.HttpBody(body=body))
+            end = pb.ProcessingRequest(request_body=pb.HttpBody(end_of_stream=True))
+            request_side = [_with_metadata(request_headers), _with_metadata(chunk), _with_metadata(end)]
+        else:
+            req = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+            request_side = [request_headers, bytes(req.SerializeToString())]
+        shapes.append([*request_side, *response_tail])
     return shapes
 
 
 async def drive(port: int, seconds: float, concurrency: int, pid: int, protocol: str, profile: bool) -> None:
     shapes = captured_requests(protocol)
     per_request = len(shapes[0])
-    # Full duplex: the request headers get no reply of their own; the body gets two (headers, body).
-    replies_to = {0: 0, 1: 2} if protocol == V1 else {}
+    # Full duplex: the request headers and the body's first chunk get no reply of their own; the
+    # chunk that ends the body gets two (headers, body); each response message one.
+    replies_to = {0: 0, 1: 0, 2: 2} if protocol == V1 else {}
+    routed_at = 2 if protocol == V1 else 1  # the message whose reply carries the routing decision
     counts = {"messages": 0, "errors": 0, "rejected": 0, "requests": 0}
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     method = channel.stream_stream(METHOD)
@@ -224,7 +243,9 @@ async def drive(port: int, seconds: float, concurrency: int, pid: int, protocol:
                 if reply is grpc.aio.EOF:
                     counts["errors"] += 1
                     return
-                if index == 1 and pb.ProcessingResponse.FromString(reply).HasField("immediate_response"):
+                if index == routed_at and pb.ProcessingResponse.FromString(reply).HasField(
+                    "immediate_response"
+                ):
                     counts["rejected"] += 1  # the benchmark must measure routing, not rejections
                     return
         await call.done_writing()

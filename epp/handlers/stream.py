@@ -42,6 +42,7 @@ create series. Which model goes upstream and at what priority is `request.resolv
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import traceback
@@ -159,6 +160,98 @@ def _subset_of(metadata: Any) -> Subset | None:
     return None
 
 
+# The one message of a full duplex response that comes often and needs no decoding: a body chunk.
+# On the wire (Envoy 1.40) it is ProcessingRequest{response_body (5): HttpBody{body (1), end_of_stream
+# (2)}} followed by an empty metadata_context (8); HttpBody and StreamedBodyResponse number those two
+# fields alike, so the chunk's own bytes are the reply's innermost message.
+_RESPONSE_BODY_TAG = 0x2A  # field 5, length-delimited
+_BODY_TAG = 0x0A  # HttpBody.body, StreamedBodyResponse.body: field 1, length-delimited
+_END_OF_STREAM = b"\x10\x01"  # HttpBody.end_of_stream, StreamedBodyResponse.end_of_stream: true
+_EMPTY_METADATA = b"\x42\x00"  # metadata_context (field 8) present and empty: no subset hint
+
+
+def _varint(data: bytes, at: int, end: int) -> tuple[int, int]:
+    """The base-128 varint at `at` (before `end`): (value, position after it), or (-1, at)."""
+    value = shift = 0
+    position = at
+    while position < end and shift < 35:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+    return -1, at
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _delimited_length(size: int) -> int:
+    """Bytes of a length-delimited field (1-byte tag) whose content is `size` bytes."""
+    return 1 + len(_encode_varint(size)) + size
+
+
+@functools.lru_cache(maxsize=4096)
+def _streamed_response_prefix(size: int) -> bytes:
+    """The bytes before a `size`-byte StreamedBodyResponse in a response_body ProcessingResponse:
+    response_body (4) > response (1) > body_mutation (3) > streamed_response (3), as upb writes it."""
+    mutation = _delimited_length(size)
+    common = _delimited_length(mutation)
+    body_response = _delimited_length(common)
+    return b"".join(
+        (
+            b"\x22",
+            _encode_varint(body_response),
+            b"\x0a",
+            _encode_varint(common),
+            b"\x1a",
+            _encode_varint(mutation),
+            b"\x1a",
+            _encode_varint(size),
+        )
+    )
+
+
+def plain_response_chunk(raw: bytes) -> tuple[bytes, bool, bytes] | None:
+    """A serialised ProcessingRequest that holds a response body chunk and nothing that needs a
+    decoder: (chunk, end_of_stream, the reply handing it back in `streamed_response`), or None.
+
+    None (decode it the general way) for anything else: other fields (a non-empty metadata_context,
+    observability_mode, protocol_config), other HttpBody fields, an empty `body` written out, a chunk
+    over `STREAMED_CHUNK_BYTES` (its reply is cut in pieces), or bytes that do not parse.
+    """
+    end = len(raw)
+    if not end or raw[0] != _RESPONSE_BODY_TAG:
+        return None
+    size, start = _varint(raw, 1, end)
+    if size < 0:
+        return None
+    stop = start + size
+    if stop != end and raw[stop:] != _EMPTY_METADATA:
+        return None
+    chunk = b""
+    position = start
+    if position < stop and raw[position] == _BODY_TAG:
+        length, first = _varint(raw, position + 1, stop)
+        if length <= 0 or first + length > stop or length > responses.STREAMED_CHUNK_BYTES:
+            return None
+        position = first + length
+        chunk = raw[first:position]
+    end_of_stream = False
+    if position < stop:
+        if stop - position != 2 or raw[position:stop] != _END_OF_STREAM:
+            return None
+        end_of_stream = True
+    return chunk, end_of_stream, _streamed_response_prefix(size) + raw[start:stop]
+
+
 def _header_value(header: Any) -> str:
     # Envoy ≥ 1.31 fills raw_value (bytes) and leaves value empty; older ones use value.
     raw: bytes = header.raw_value
@@ -230,6 +323,14 @@ class ExtProcStream:
     # --- entry points ----------------------------------------------------------------------------
     async def handle(self, raw: bytes) -> tuple[Reply, bool]:
         """Reply to one serialised ProcessingRequest: (reply bytes, several, or None; end the stream?)."""
+        if self._response_duplex:
+            # The v1 set-up's most frequent message, answered without a decode or an encode: the
+            # reply is exactly what the general path below would build (tests/unit/handlers).
+            plain = plain_response_chunk(raw)
+            if plain is not None:
+                chunk, end_of_stream, reply = plain
+                self._observe("response_body", self._response_chunk, chunk, end_of_stream)
+                return (reply,), False
         try:
             req = pb.ProcessingRequest.FromString(raw)
         except DecodeError as exc:
@@ -240,7 +341,8 @@ class ExtProcStream:
             self._buffered_mode = mode == _BUFFERED
             self._duplex = mode == _FULL_DUPLEX
             self._response_duplex = config.response_body_mode == _FULL_DUPLEX
-        if req.HasField("metadata_context") and self._deps.subset_filter:
+        # The hint limits the candidates of the one routing decision: after it, nothing reads it.
+        if not self._decided and req.HasField("metadata_context") and self._deps.subset_filter:
             subset = _subset_of(req.metadata_context)
             if subset is not None:
                 self._subset = subset
@@ -266,23 +368,16 @@ class ExtProcStream:
                 log.error("internal error handling %s:\n%s", kind, "".join(traceback.format_exception(exc)))
                 return self._fail(Internal("internal error in the endpoint picker")), True
         if kind in _RESPONSE_SIDE:
-            try:
-                if kind == "response_headers":
-                    if self._routing is not None and req.HasField("metadata_context"):
-                        self._served(served_endpoint(req.metadata_context))
-                    self._response_headers(req.response_headers)
-                elif kind == "response_body":
-                    self._response_body(req.response_body)
-                else:
-                    # Trailers end a response whose last body chunk did not (full duplex sends them).
-                    self._response_complete()
-            except Exception as exc:
-                # Usage accounting is best effort; the client's response must never suffer from it.
-                log.error(
-                    "error observing %s; response passed through:\n%s",
-                    kind,
-                    "".join(traceback.format_exception(exc)),
-                )
+            if kind == "response_headers":
+                if self._routing is not None and req.HasField("metadata_context"):
+                    self._observe(kind, self._served, req.metadata_context)
+                self._observe(kind, self._response_headers, req.response_headers)
+            elif kind == "response_body":
+                msg = req.response_body
+                self._observe(kind, self._response_chunk, msg.body, msg.end_of_stream)
+            else:
+                # Trailers end a response whose last body chunk did not (full duplex sends them).
+                self._observe(kind, self._response_complete)
             replies = self._deps.replies
             if kind == "response_headers":
                 return replies.response_headers, False
@@ -295,6 +390,18 @@ class ExtProcStream:
                 return responses.streamed_body(msg.body, msg.end_of_stream, phase="response_body"), False
             return replies.response_body, False
         raise ProtocolError(f"unsupported ProcessingRequest: {kind or 'no message set'}")
+
+    def _observe(self, kind: str, observer: Callable[..., None], *args: Any) -> None:
+        """Run a response-side observer; usage accounting is best effort, so a failure is logged and
+        the client's response never suffers from it."""
+        try:
+            observer(*args)
+        except Exception as exc:
+            log.error(
+                "error observing %s; response passed through:\n%s",
+                kind,
+                "".join(traceback.format_exception(exc)),
+            )
 
     def close(self) -> None:
         """The stream ended (EOF, cancel or error): release what `request_routed` took."""
@@ -466,9 +573,11 @@ class ExtProcStream:
             self._deps.metrics.request_failed(self.model, self.target, code)
 
     # --- response side ---------------------------------------------------------------------------
-    def _served(self, endpoint: str | None) -> None:
+    def _served(self, metadata: Any) -> None:
         """The proxy says which endpoint served: a fallback takes the request over from the pick."""
-        assert self._routing is not None
+        if self._routing is None:
+            return
+        endpoint = served_endpoint(metadata)
         ranked, target, prefix = self._routing
         if endpoint is None or endpoint == ranked[0].pod.endpoint:
             return
@@ -492,8 +601,7 @@ class ExtProcStream:
         if msg.end_of_stream:
             self._response_complete()
 
-    def _response_body(self, msg: pb.HttpBody) -> None:
-        chunk = msg.body
+    def _response_chunk(self, chunk: bytes, end_of_stream: bool) -> None:
         self._response_size += len(chunk)
         kind = self._response_kind
         if kind == _UNKNOWN:
@@ -508,7 +616,7 @@ class ExtProcStream:
                 # Too big to hold: pass it on without usage accounting.
                 self._response_kind = _IGNORED
                 self._json_body = []
-        if msg.end_of_stream:
+        if end_of_stream:
             self._response_complete()
 
     def _response_complete(self) -> None:
