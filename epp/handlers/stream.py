@@ -167,7 +167,7 @@ def _subset_of(metadata: Any) -> Subset | None:
 _RESPONSE_BODY_TAG = 0x2A  # field 5, length-delimited
 _BODY_TAG = 0x0A  # HttpBody.body, StreamedBodyResponse.body: field 1, length-delimited
 _END_OF_STREAM = b"\x10\x01"  # HttpBody.end_of_stream, StreamedBodyResponse.end_of_stream: true
-_EMPTY_METADATA = b"\x42\x00"  # metadata_context (field 8) present and empty: no subset hint
+_METADATA_TAG = 0x42  # ProcessingRequest.metadata_context: field 8, length-delimited
 
 
 def _varint(data: bytes, at: int, end: int) -> tuple[int, int]:
@@ -219,12 +219,22 @@ def _streamed_response_prefix(size: int) -> bytes:
     )
 
 
+def _only_metadata_follows(raw: bytes, at: int, end: int) -> bool:
+    """Whether ``raw[at:end]`` is one metadata_context field and nothing else. Envoy adds one to every
+    message (empty, or with the namespaces it forwards), and on a response chunk nothing in it matters
+    to the EPP: the subset hint is read before routing, the served endpoint with the response headers."""
+    if at >= end or raw[at] != _METADATA_TAG:
+        return False
+    length, first = _varint(raw, at + 1, end)
+    return length >= 0 and first + length == end
+
+
 def plain_response_chunk(raw: bytes) -> tuple[bytes, bool, bytes] | None:
     """A serialised ProcessingRequest that holds a response body chunk and nothing that needs a
     decoder: (chunk, end_of_stream, the reply handing it back in `streamed_response`), or None.
 
-    None (decode it the general way) for anything else: other fields (a non-empty metadata_context,
-    observability_mode, protocol_config), other HttpBody fields, an empty `body` written out, a chunk
+    None (decode it the general way) for anything else: other fields (observability_mode,
+    protocol_config, attributes), other HttpBody fields, an empty `body` written out, a chunk
     over `STREAMED_CHUNK_BYTES` (its reply is cut in pieces), or bytes that do not parse.
     """
     end = len(raw)
@@ -234,7 +244,7 @@ def plain_response_chunk(raw: bytes) -> tuple[bytes, bool, bytes] | None:
     if size < 0:
         return None
     stop = start + size
-    if stop != end and raw[stop:] != _EMPTY_METADATA:
+    if stop != end and not _only_metadata_follows(raw, stop, end):
         return None
     chunk = b""
     position = start

@@ -66,6 +66,22 @@ def _other_metadata() -> pb.ProcessingRequest:
     return message
 
 
+def _metadata_then(message: pb.ProcessingRequest) -> pb.ProcessingRequest:
+    message.metadata_context.filter_metadata["envoy.lb"].fields["x"].string_value = "y"
+    return message
+
+
+def test_a_chunk_with_forwarded_metadata_needs_no_decoder_either() -> None:
+    """Envoy forwards `envoy.lb` (the served endpoint) on every response message; on a chunk nothing
+    in it matters, so the chunk still takes the shortcut, with the same reply."""
+    data = payload(300)
+    message = _other_metadata()
+    message.response_body.body = data
+    message.response_body.end_of_stream = False
+    raw = message.SerializeToString()
+    assert plain_response_chunk(raw) == (data, False, streamed_body(data, False, phase="response_body")[0])
+
+
 def _observability() -> pb.ProcessingRequest:
     message = chunk_message(b"data", True)
     message.observability_mode = True
@@ -90,7 +106,7 @@ def _with_protocol_config() -> pb.ProcessingRequest:
         pytest.param(
             chunk_message(payload(STREAMED_CHUNK_BYTES + 1), True).SerializeToString(), id="over-64KiB"
         ),
-        pytest.param(_other_metadata().SerializeToString(), id="non-empty-metadata"),
+        pytest.param(_metadata_then(_observability()).SerializeToString(), id="metadata-then-observability"),
         pytest.param(_observability().SerializeToString(), id="observability-mode"),
         pytest.param(_without_message().SerializeToString(), id="end-of-stream-without-message"),
         pytest.param(_with_protocol_config().SerializeToString(), id="protocol-config"),
@@ -168,12 +184,12 @@ def test_a_stream_answers_and_counts_as_the_general_path_does(pieces: list[tuple
     def env() -> Env:
         return Env().pool().model("food-review").pod("pod-1", "10.0.0.1")
 
-    # Envoy's wire form (the shortcut) against chunks whose other metadata forces the decoder.
+    # Envoy's wire form (the shortcut) against chunks whose attributes force the decoder.
     fast_env, general_env = env(), env()
     fast = _stream_replies(fast_env, [chunk_message(data, eos) for data, eos in pieces])
     general_chunks = [chunk_message(data, eos) for data, eos in pieces]
     for message in general_chunks:
-        message.metadata_context.filter_metadata["unrelated"].fields["k"].string_value = "v"
+        message.attributes["unrelated"].fields["k"].string_value = "v"
         assert plain_response_chunk(message.SerializeToString()) is None
     general = _stream_replies(general_env, general_chunks)
     assert fast == general
