@@ -62,7 +62,8 @@ def make_the_epp_unavailable(stack: Stack, noticed: Callable[[httpx2.Response], 
     """Kill the EPP (served before) and take it out of the gateway's EPP endpoints, as its Service
     has none left; return once a request gets the answer `noticed` waits for, i.e. Envoy has found
     its EPP gone."""
-    assert stack.epp_process is not None and stack.envoy is not None
+    assert stack.epp_process is not None
+    assert stack.envoy is not None
     with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
         assert complete(stack, http).status_code == 200, "not served before the EPP went"
         stack.epp_process.kill()
