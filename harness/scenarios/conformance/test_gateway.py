@@ -7,14 +7,24 @@ and keeps Envoy's model-server cluster equal to the pool's endpoints
 (`harness.dataplane.pool_endpoints`), with the list-aware cluster (`follow_pool_endpoints`) that a
 fail-open gateway needs to have anywhere to send a request without its EPP.
 
-* EppUnAvailableFailOpen (and its FailClose counterpart): the EPP is killed; FailOpen still serves
-  every request from a pool pod, FailClose answers 5xx and nothing reaches a pod.
+* EppUnAvailableFailOpen (and its FailClose counterpart): the EPP is made unavailable as upstream's
+  test makes it (its Service left without endpoints): the process is killed and the gateway's EPP
+  cluster, which follows that Service (`ext_proc_dynamic_endpoints`), loses its endpoint. FailOpen
+  still serves every request from a pool pod, FailClose answers 5xx and nothing reaches a pod.
+  Killing the process alone leaves a dead endpoint listed: every request then opens a stream that
+  fails only after Envoy has sent it the body, and in FULL_DUPLEX_STREAMED (the v1 set-up) Envoy
+  1.40 fails open only before the first body chunk has gone (envoyproxy/envoy #41276), so it answers
+  502 `ext_proc_error_gRPC_error_14` whatever the pool says (measured with llm-d-router and with our
+  EPP under the v1 flag profile alike: no EPP is involved once it is dead).
 * GatewayFollowingEPPRoutingWithDataParallelism: one pod, several target ports (data-parallel
-  ranks, v1 only): every rank gets traffic.
+  ranks, v1 only): every rank gets traffic. Each request has a prompt of its own: an EPP with
+  prefix-cache affinity (llm-d-router's default profile, upstream v1.5.0's) rightly keeps one
+  repeated prompt on the rank that served it, which says nothing about the ranks being endpoints.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import httpx2
@@ -31,13 +41,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.epp_agnostic]
 
 MODEL = BASE_MODEL  # served as itself: a request the EPP never saw is still a valid one
 MODELS = (ModelSpec("llama", MODEL, "Critical"),)
-GATEWAY = EnvoyOptions(follow_pool_endpoints=True)
+# The gateway follows the pool's endpoints (somewhere to send a request without the EPP) and the
+# EPP Service's (so an unavailable EPP is no endpoint at all, as a Service without ready pods).
+GATEWAY = EnvoyOptions(follow_pool_endpoints=True, ext_proc_dynamic_endpoints=True)
 REQUESTS = 6
 RANKS = (8000, 8001, 8002)
 
 
-def complete(stack: Stack, http: httpx2.Client) -> httpx2.Response:
-    body = {"model": MODEL, "prompt": "hello gateway", "max_tokens": 1}
+def complete(stack: Stack, http: httpx2.Client, prompt: str = "hello gateway") -> httpx2.Response:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
     return http.post("/completions", json=body, headers=cluster_of(stack).objective_headers(MODEL))
 
 
@@ -46,13 +58,16 @@ def received_by_pods(stack: Stack) -> int:
     return sum(len(cluster.pods[name].sim().received_requests()) for name in cluster.pods)
 
 
-def kill_the_epp(stack: Stack, noticed: Callable[[httpx2.Response], bool]) -> None:
-    """Kill the EPP (served before); return once a request gets the answer `noticed` waits for,
-    i.e. Envoy has found its EPP gone."""
+def make_the_epp_unavailable(stack: Stack, noticed: Callable[[httpx2.Response], bool]) -> None:
+    """Kill the EPP (served before) and take it out of the gateway's EPP endpoints, as its Service
+    has none left; return once a request gets the answer `noticed` waits for, i.e. Envoy has found
+    its EPP gone."""
     assert stack.epp_process is not None
+    assert stack.envoy is not None
     with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
         assert complete(stack, http).status_code == 200, "not served before the EPP went"
         stack.epp_process.kill()
+        stack.envoy.set_ext_proc_replicas(())
 
         def answered() -> None:
             response = complete(stack, http)
@@ -71,7 +86,7 @@ def answers(stack: Stack) -> list[httpx2.Response]:
 def test_fail_open_serves_from_a_pool_pod_when_the_epp_is_down(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=2, models=MODELS, envoy=GATEWAY, failure_mode="FailOpen")
     pods = {endpoint(stack, name) for name in cluster_of(stack).pods}
-    kill_the_epp(stack, lambda r: r.status_code == 200)
+    make_the_epp_unavailable(stack, lambda r: r.status_code == 200)
 
     served = answers(stack)
 
@@ -81,7 +96,7 @@ def test_fail_open_serves_from_a_pool_pod_when_the_epp_is_down(stack_factory: St
 
 def test_fail_close_refuses_every_request_when_the_epp_is_down(stack_factory: StackFactory) -> None:
     stack = stack_factory(pods=2, models=MODELS, envoy=GATEWAY, failure_mode="FailClose")
-    kill_the_epp(stack, lambda r: r.status_code >= 500)
+    make_the_epp_unavailable(stack, lambda r: r.status_code >= 500)
     before = received_by_pods(stack)
 
     refused = answers(stack)
@@ -105,7 +120,7 @@ def test_every_data_parallel_rank_of_a_pod_gets_traffic(stack_factory: StackFact
 
         def every_rank_served() -> None:
             for _ in range(len(RANKS) * 2):
-                response = complete(stack, http)
+                response = complete(stack, http, f"rank {uuid.uuid4().hex}")
                 if response.status_code == 200:
                     seen.add(served_by(response.headers))
             assert seen == wanted, f"ranks served so far: {sorted(seen)}; want {sorted(wanted)}"

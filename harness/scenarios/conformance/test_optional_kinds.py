@@ -36,8 +36,10 @@ pytestmark = [
 ACCOUNT = "epp-without-optional-kinds"
 ALIAS = "alias"
 READ = ["get", "list", "watch"]
-# Past our EPP's look-again backoff at its cap (10 s), with room for a loaded machine.
-PICKED_UP_S = 45.0
+# Past the longest look-again wait of a client-go informer (its reflector retries a failed list after
+# at most 30 s plus up to 100% jitter: 60 s; client-go v0.35 `tools/cache/reflector.go`), with room
+# for a loaded machine. Our EPP's backoff caps at 10 s; an EPP that never looks again still fails.
+PICKED_UP_S = 90.0
 
 
 def role(with_optional_kinds: bool) -> client.V1Role:
