@@ -51,6 +51,12 @@ UPSTREAM_BUGS: Final[dict[str, str]] = {
         "objectives and models bound to a same-named pool of the other API group apply to this one "
         "(upstream #1275; v0.3.0 ignores poolRef.group)"
     ),
+    "optional-kinds-forbidden-never-serves": (
+        "a Role without the optional kinds (InferenceObjective, InferenceModelRewrite) leaves the EPP "
+        "NOT_SERVING for good, then it exits when its cache sync times out (GIE v1.5.0 and "
+        "llm-d-router: their start-up check ignores RBAC and controller-runtime waits for every "
+        "informer; the class of upstream #1737)"
+    ),
 }
 
 

@@ -31,6 +31,7 @@ pytestmark = [
     pytest.mark.epp_agnostic,
     pytest.mark.api_generation("v1"),
     pytest.mark.needs("model-aware-routing"),
+    pytest.mark.upstream_bug("optional-kinds-forbidden-never-serves"),
 ]
 
 ACCOUNT = "epp-without-optional-kinds"
@@ -78,7 +79,14 @@ def test_an_epp_without_the_optional_kinds_serves_and_honours_them_once_they_are
 ) -> None:
     kubeconfig = narrow_identity(control_plane, namespace, tmp_path)
     # No model objects: the base model passes through by name, as every v1 EPP serves it.
-    stack = stack_factory(pods=2, models=(), probe_model=BASE_MODEL, epp_kubeconfig=kubeconfig)
+    try:
+        stack = stack_factory(pods=2, models=(), probe_model=BASE_MODEL, epp_kubeconfig=kubeconfig)
+    except AssertionError as exc:
+        if " serving pool " not in str(exc):
+            raise  # any other start failure stays one (never a behaviour of the EPP's)
+        # The EPP started and never reported SERVING: that is the behaviour under test, the known
+        # upstream bug, so it fails here rather than as a Stack that could not start.
+        raise AssertionError(f"never serving with a Role without the optional kinds: {exc}") from None
     cluster = cluster_of(stack)
     assert stack.traffic is not None
     stack.traffic.eventually_routes_to(sorted(cluster.pods))  # serving, without the optional kinds
