@@ -70,6 +70,7 @@ class _Store:
         # The handlers' routing memory: requests in flight per endpoint and target model (mirrored
         # into each PodMetrics.dispatched snapshot), and the prompt prefixes routed to each endpoint.
         self._in_flight: dict[EndpointKey, collections.Counter[str]] = {}
+        self._dispatches = 0  # every dispatch so far, over all pods (Dispatched.last)
         self._prefixes = PrefixIndex(prefix_capacity_per_pod)
         self._listener = listener
 
@@ -220,7 +221,8 @@ class _Store:
                 return False
             counts = self._in_flight.setdefault(key, collections.Counter())
             counts[target_model] += 1
-            self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts))
+            self._dispatches += 1
+            self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts, self._dispatches))
             return True
 
     def pod_dispatch_finished(self, key: EndpointKey, target_model: str) -> None:
@@ -233,7 +235,8 @@ class _Store:
                 del counts[target_model]
             current = self._pods.get(key)
             if current is not None:
-                self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts))
+                last = current.dispatched.last
+                self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts, last))
 
     def prefix_matches(self, hashes: Sequence[int]) -> Mapping[EndpointKey, int]:
         if not hashes:
@@ -318,8 +321,8 @@ class _Store:
             log.exception("pod lifecycle listener failed for %s", key)
 
 
-def _dispatched(counts: collections.Counter[str]) -> Dispatched:
-    return Dispatched(sum(counts.values()), frozenset(counts))
+def _dispatched(counts: collections.Counter[str], last: int) -> Dispatched:
+    return Dispatched(sum(counts.values()), frozenset(counts), last)
 
 
 def new_datastore(

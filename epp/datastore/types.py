@@ -61,11 +61,14 @@ class Dispatched:
 
     Unlike scraped metrics this is never stale: it changes the moment the EPP routes a request and
     the moment Envoy closes that request's ext_proc stream. ``models`` are the target models (base
-    or adapter) of those requests.
+    or adapter) of those requests. ``last`` is the store's dispatch sequence number (1, 2, ... over
+    every pod) of the latest request routed to this pod, 0 if none yet: how many dispatches ago a
+    pod was last chosen is ``max(last over the pods) - last``, with no clock involved.
     """
 
     count: int = 0
     models: frozenset[str] = frozenset()
+    last: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from epp.config import (
     IN_FLIGHT_SCORER,
     KV_CACHE_SCORER,
+    LAST_ROUTED_SCORER,
     LORA_SCORER,
     MAX_SCORE_PICKER,
     PREFIX_SCORER,
@@ -66,6 +67,8 @@ PLUGIN_TYPES: dict[str, PluginType] = {
     "running-requests-size-scorer": PluginType(SCORER, ours=RUNNING_REQUESTS_SCORER),
     # ours: the EPP's own count of requests in flight per pod (never stale)
     "in-flight-scorer": PluginType(SCORER, ours=IN_FLIGHT_SCORER),
+    # ours: how many dispatches ago the EPP last routed to the pod (spaces each pod's arrivals)
+    "last-routed-scorer": PluginType(SCORER, ours=LAST_ROUTED_SCORER),
     # upstream's pickers
     "max-score-picker": PluginType(PICKER, frozenset({"maxNumOfEndpoints"}), ours=MAX_SCORE_PICKER),
     "random-picker": PluginType(PICKER, frozenset({"maxNumOfEndpoints"}), ours=RANDOM_PICKER),

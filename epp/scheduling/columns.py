@@ -31,6 +31,7 @@ from epp.api.types import EndpointKey
 from epp.config import (
     IN_FLIGHT_SCORER,
     KV_CACHE_SCORER,
+    LAST_ROUTED_SCORER,
     LORA_SCORER,
     PREFIX_SCORER,
     QUEUE_SCORER,
@@ -94,6 +95,13 @@ def _in_flight(request: LLMRequest, pods: Sequence[PodMetrics], ms: list[Metrics
     return [w * (1.0 - c / scale) for c in counts]
 
 
+def _last_routed(request: LLMRequest, pods: Sequence[PodMetrics], ms: list[Metrics], w: float) -> Scores:
+    lasts = [p.dispatched.last for p in pods]
+    newest = max(lasts)
+    n = len(pods)
+    return [w * ((newest - last if newest - last < n else n) / n) for last in lasts]
+
+
 def _lora(queue_limit: int) -> Column:
     """`scorers.lora_scores`, weighted. `running` there is ``(active | in flight) & adapters``; the
     target is an adapter (else every pod scores 1), so "target in running" is "target in active or in
@@ -151,6 +159,7 @@ def _columns(config: SchedulerConfig) -> dict[str, Column]:
         LORA_SCORER: _lora(config.queueing_threshold_lora),
         PREFIX_SCORER: _prefix,
         RUNNING_REQUESTS_SCORER: _running,
+        LAST_ROUTED_SCORER: _last_routed,
     }
 
 

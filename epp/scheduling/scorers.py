@@ -20,6 +20,12 @@ ties broken at random. All pure functions of the request and the pods' snapshots
 * prefix: the share of the request's prompt blocks the pod was already sent (a likely prefix-cache
   hit, ``LLMRequest.prefix_matches``).
 * running requests: the scraped running-request count, min-max normalised (off by default).
+* last routed: how many dispatches ago (over the whole pool) the EPP last routed a request to the
+  pod, ``Dispatched.last``, as a share of the pool size, capped at 1: the pod sent a request just
+  now scores 0, one not chosen in the last N dispatches (N pods) scores 1. Exact and never stale,
+  like the in-flight count; it spaces each pod's arrivals out, so requests arriving close together
+  do not share one engine's next step (their prefills would, and TTFT grows with the prefill tokens
+  of a step) while other pods' steps carry none.
 
 Which scorers, their weights and the picker come from `SchedulerConfig.scoring_profile`: our
 measured default (`ScorerWeights`), or a profile from an EndpointPickerConfig file (epp.pickerconfig).
@@ -44,6 +50,7 @@ from epp.config import (
     DEFAULT_QUEUEING_THRESHOLD_LORA,
     IN_FLIGHT_SCORER,
     KV_CACHE_SCORER,
+    LAST_ROUTED_SCORER,
     LORA_SCORER,
     MAX_SCORE_PICKER,
     PREFIX_SCORER,
@@ -131,6 +138,15 @@ def running_requests_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> 
     return min_max([p.metrics.running_queue_size for p in pods])
 
 
+def last_routed_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Scores:
+    """min(dispatches since the pod was last routed to, N) / N for N pods (never routed: as old as
+    the pool's first dispatch)."""
+    lasts = [p.dispatched.last for p in pods]
+    newest = max(lasts)
+    n = len(pods)
+    return [(newest - last if newest - last < n else n) / n for last in lasts]
+
+
 Scorer = Callable[[LLMRequest, Sequence[PodMetrics], SchedulerConfig], Scores]
 
 # Our scorer names (epp.config.SCORER_KINDS) -> the scorer.
@@ -141,6 +157,7 @@ SCORERS: dict[str, Scorer] = {
     LORA_SCORER: lambda r, p, c: lora_scores(r, p, c.queueing_threshold_lora),
     PREFIX_SCORER: lambda r, p, c: prefix_scores(r, p),
     RUNNING_REQUESTS_SCORER: lambda r, p, c: running_requests_scores(r, p),
+    LAST_ROUTED_SCORER: lambda r, p, c: last_routed_scores(r, p),
 }
 
 

@@ -380,8 +380,8 @@ def _parser() -> _Parser:
         help="The v0.3.0 filter tree, or weighted scorers (queue, KV, LoRA affinity, prefix, the EPP's own "
         "in-flight count; weights from QUEUE_SCORE_WEIGHT, KV_CACHE_SCORE_WEIGHT, "
         "LORA_AFFINITY_SCORE_WEIGHT, "
-        "PREFIX_CACHE_SCORE_WEIGHT, IN_FLIGHT_SCORE_WEIGHT); default scorer. A config file's profile "
-        "replaces it.",
+        "PREFIX_CACHE_SCORE_WEIGHT, IN_FLIGHT_SCORE_WEIGHT, LAST_ROUTED_SCORE_WEIGHT); default scorer. "
+        "A config file's profile replaces it.",
     )
     ours.add_argument(
         "--max-request-body-bytes",
@@ -491,6 +491,7 @@ def scorer_weights(environ: Mapping[str, str]) -> ScorerWeights:
         prefix=weight("PREFIX_CACHE_SCORE_WEIGHT", base.prefix),
         lora=weight("LORA_AFFINITY_SCORE_WEIGHT", base.lora),
         in_flight=weight("IN_FLIGHT_SCORE_WEIGHT", base.in_flight),
+        last_routed=weight("LAST_ROUTED_SCORE_WEIGHT", base.last_routed),
     )
 
 

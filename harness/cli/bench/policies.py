@@ -337,6 +337,7 @@ SCORER_WEIGHT_ENV = {
     "prefix": "PREFIX_CACHE_SCORE_WEIGHT",
     "lora": "LORA_AFFINITY_SCORE_WEIGHT",
     "in_flight": "IN_FLIGHT_SCORE_WEIGHT",
+    "last_routed": "LAST_ROUTED_SCORE_WEIGHT",
 }
 
 

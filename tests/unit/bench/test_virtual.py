@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from epp.config import LAST_ROUTED_OPT_IN_WEIGHT
 from harness.cli.bench import cli, report
 from harness.cli.bench.virtual.cluster import ClusterConfig, Record, VirtualCluster
 from harness.cli.bench.virtual.routers import (
@@ -53,7 +54,8 @@ class Spy(EppRouter):
 
 
 @pytest.mark.parametrize(
-    "policy", ["epp", "upstream-v1.5-default", "oracle", "least-outstanding", "round-robin"]
+    "policy",
+    ["epp", "epp[last-routed]", "upstream-v1.5-default", "oracle", "least-outstanding", "round-robin"],
 )
 def test_every_request_is_served_where_it_was_routed(policy: str) -> None:
     cluster = VirtualCluster(ClusterConfig(4, SIM))
@@ -103,6 +105,19 @@ def test_lora_and_prefix_heavy_workloads_run_on_their_engine_settings() -> None:
     cluster.run(requests, make_router("epp"))
     hits = sum(e.counters().prefix_hits for e in cluster.engines)
     assert hits > 0  # shared system prompts and histories are found in the engines' caches
+
+
+def test_the_last_routed_variant_is_the_default_profile_plus_the_opt_in_scorer() -> None:
+    default = make_router("epp")
+    variant = make_router("epp[last-routed]")
+    assert isinstance(default, EppRouter)
+    assert isinstance(variant, EppRouter)
+    weights = {s.kind: s.weight for s in default.config.scoring_profile.scorers}
+    assert weights["last_routed"] == 0.0
+    assert {s.kind: s.weight for s in variant.config.scoring_profile.scorers} == {
+        **weights,
+        "last_routed": LAST_ROUTED_OPT_IN_WEIGHT,
+    }
 
 
 def test_the_upstream_profile_is_the_examples_file() -> None:

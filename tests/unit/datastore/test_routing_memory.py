@@ -49,14 +49,27 @@ def test_dispatches_are_counted_per_pod_and_model_until_they_finish() -> None:
     assert ds.pod_dispatch_started(key("a"), "lora-1")
     assert ds.pod_dispatch_started(key("a"), "lora-1")
     assert ds.pod_dispatch_started(key("a"), "base")
-    assert dispatched(ds, "a") == Dispatched(3, frozenset({"lora-1", "base"}))
+    assert dispatched(ds, "a") == Dispatched(3, frozenset({"lora-1", "base"}), last=3)
     assert dispatched(ds, "b") == Dispatched()
     ds.pod_dispatch_finished(key("a"), "lora-1")
     ds.pod_dispatch_finished(key("a"), "base")
-    assert dispatched(ds, "a") == Dispatched(1, frozenset({"lora-1"}))
+    assert dispatched(ds, "a") == Dispatched(1, frozenset({"lora-1"}), last=3)
     ds.pod_dispatch_finished(key("a"), "lora-1")
     ds.pod_dispatch_finished(key("a"), "lora-1")  # one too many: never below zero
-    assert dispatched(ds, "a") == Dispatched()
+    assert dispatched(ds, "a") == Dispatched(last=3)
+
+
+def test_each_dispatch_is_numbered_over_the_pool_and_the_pod_keeps_its_latest() -> None:
+    ds = store("a", "b")
+    assert ds.pod_dispatch_started(key("a"), "base")
+    assert ds.pod_dispatch_started(key("b"), "base")
+    assert ds.pod_dispatch_started(key("a"), "base")
+    assert (dispatched(ds, "a").last, dispatched(ds, "b").last) == (3, 2)
+    ds.pod_dispatch_finished(key("b"), "base")  # finishing does not make a pod "recently chosen"
+    assert (dispatched(ds, "a").last, dispatched(ds, "b").last) == (3, 2)
+    assert not ds.pod_dispatch_started(key("gone"), "base")  # an unknown pod takes no number
+    assert ds.pod_dispatch_started(key("b"), "base")
+    assert dispatched(ds, "b").last == 4
 
 
 def test_a_scrape_or_an_address_change_keeps_the_counts() -> None:

@@ -127,7 +127,9 @@ def pod_metrics(draw: st.DrawFn, name: str) -> PodMetrics:
             updated_at=draw(scrape_time),
         ),
         Dispatched(
-            draw(st.integers(0, 5)), draw(st.frozensets(st.sampled_from([*ADAPTERS, "base"]), max_size=2))
+            draw(st.integers(0, 5)),
+            draw(st.frozensets(st.sampled_from([*ADAPTERS, "base"]), max_size=2)),
+            draw(st.integers(0, 60)),
         ),
     )
 

@@ -1,7 +1,8 @@
 """The policies a virtual-time run compares, all in the same loop over the same engines.
 
 * ``epp``: the EPP's real scheduling code (``EppHost``) with our measured default profile;
-  ``epp[filter-tree]`` the v0.3.0 filter tree.
+  ``epp[filter-tree]`` the v0.3.0 filter tree; ``epp[last-routed]`` the default profile with the
+  opt-in last-routed scorer at its measured weight (``LAST_ROUTED_OPT_IN_WEIGHT``).
 * ``upstream-v1.5-default``: the same code with upstream v1.5.0's default profile (queue 2, KV cache 2,
   prefix 3, max-score picker) read through our EndpointPickerConfig loader — the document of
   ``examples/config/upstream-default.yaml`` (a unit test keeps the two equal).
@@ -20,7 +21,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from epp.config import FILTER_TREE, ProberConfig, SchedulerConfig
+from epp.config import FILTER_TREE, LAST_ROUTED_OPT_IN_WEIGHT, ProberConfig, SchedulerConfig, ScorerWeights
 from epp.errors import ResourceExhausted
 from epp.pickerconfig import load_picker_config
 from harness.base.shipped import shipped_path
@@ -41,8 +42,9 @@ LEAST_OUTSTANDING = "least-outstanding"
 POWER_OF_TWO = "power-of-two"
 ORACLE = "oracle"
 EPP_FILTER_TREE = "epp[filter-tree]"
+EPP_LAST_ROUTED = "epp[last-routed]"
 ALL = (EPP, UPSTREAM_DEFAULT, ORACLE, LEAST_OUTSTANDING, POWER_OF_TWO, ROUND_ROBIN, RANDOM)
-KNOWN = (*ALL, EPP_FILTER_TREE)
+KNOWN = (*ALL, EPP_FILTER_TREE, EPP_LAST_ROUTED)
 
 
 def upstream_default_config() -> SchedulerConfig:
@@ -169,6 +171,9 @@ def make_router(name: str, seed: int = 0) -> Router:
         return EppRouter(EPP, SchedulerConfig(), seed)
     if name == EPP_FILTER_TREE:
         return EppRouter(EPP_FILTER_TREE, SchedulerConfig(kind=FILTER_TREE), seed)
+    if name == EPP_LAST_ROUTED:
+        weights = ScorerWeights(last_routed=LAST_ROUTED_OPT_IN_WEIGHT)
+        return EppRouter(EPP_LAST_ROUTED, SchedulerConfig(weights=weights), seed)
     if name == UPSTREAM_DEFAULT:
         return EppRouter(UPSTREAM_DEFAULT, upstream_default_config(), seed)
     if name == ORACLE:
