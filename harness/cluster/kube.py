@@ -339,8 +339,17 @@ class PodClient(_Writes):
             grace_period_seconds=grace_period_seconds,
             _preload_content=False,
         )
-        # The answer already carries the delete's own revision, whether the pod went or lingers.
-        return self._report(response_json(deleted))
+        # The answer carries the delete's own revision, whether the pod went or lingers ...
+        answer = response_json(deleted)
+        if not (answer.get("metadata") or {}).get("resourceVersion"):
+            # ... except when the pod went meanwhile (its node agent finished a graceful deletion while
+            # this one was on its way): kube-apiserver then answers with the pod's last state and no
+            # revision. A consistent list's revision is past that deletion, so a settle waits for it.
+            listed = response_json(
+                self._api.list_namespaced_pod(namespace=namespace, limit=1, _preload_content=False)
+            )
+            answer = _at_revision(answer, str(listed["metadata"]["resourceVersion"]))
+        return self._report(answer)
 
     def wait_deleted(
         self, namespace: str, pod: JsonObject, timeout: int = DELETION_WATCH_TIMEOUT
