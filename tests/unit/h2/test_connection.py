@@ -354,6 +354,12 @@ PROTOCOL_VIOLATIONS = [
         id="frame-inside-a-header-block",
     ),
     pytest.param(f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff"), f.COMPRESSION_ERROR, id="bad-hpack"),
+    pytest.param(f.frame(f.HEADERS, f.END_HEADERS | f.PADDED, 1, b""), f.PROTOCOL_ERROR, id="no-pad-length"),
+    pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS | f.PADDED, 1, b"\x04abc"),
+        f.PROTOCOL_ERROR,
+        id="padding-as-long-as-the-frame",
+    ),
     pytest.param(f.frame(f.SETTINGS, 0, 0, b"\x00\x04\x00"), f.FRAME_SIZE_ERROR, id="settings-length"),
     pytest.param(
         f.settings_frame({f.SETTINGS_MAX_FRAME_SIZE: 100}), f.PROTOCOL_ERROR, id="settings-frame-size"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from hpack import Encoder
+from hpack.hpack import decode_integer
 
 from epp.h2 import frames as f
 from epp.h2.headers import Malformed, check_request, check_trailers
@@ -92,3 +93,34 @@ def test_a_malformed_stream_is_reset_with_protocol_error_and_the_connection_serv
     wire.raw(f.frame(f.DATA, f.END_STREAM, 3, grpc_message(b"ok")))
     assert wire.recorder.handlers[-1].messages == [b"ok"]
     assert not wire.transport.closed
+
+
+def test_hpack_integers_are_rfc_7541s_examples() -> None:
+    # RFC 7541 C.1: 10 and 1337 with a 5-bit prefix, 42 starting at an octet boundary.
+    assert f.hpack_integer(10, 5) == b"\x0a"
+    assert f.hpack_integer(1337, 5) == b"\x1f\x9a\x0a"
+    assert f.hpack_integer(42, 8) == b"\x2a"
+
+
+@pytest.mark.parametrize(
+    ("value", "prefix_bits"),
+    # Each side of the prefix's limit and of the first continuation byte's (limit + 128).
+    [
+        (30, 5),
+        (31, 5),
+        (32, 5),
+        (158, 5),
+        (159, 5),
+        (160, 5),
+        (126, 7),
+        (127, 7),
+        (255, 7),
+        (2**21, 7),
+        (0, 8),
+    ],
+)
+def test_hpack_integers_read_back_as_an_hpack_decoder_reads_them(value: int, prefix_bits: int) -> None:
+    """What our header blocks carry for lengths and indices: a long header value (127 bytes and more)
+    needs the multi-byte form, which a peer's decoder must read as the same number."""
+    encoded = f.hpack_integer(value, prefix_bits, first=0)
+    assert decode_integer(encoded, prefix_bits) == (value, len(encoded))
