@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,13 +100,10 @@ def _seeded_store(clock: float) -> Datastore:
     return store
 
 
-async def serve(transport: str, profile: str | None) -> None:
-    # Fresh metrics forever: the clock the scheduler sees stands still at the scrape time.
-    frozen = time.monotonic()
-    store = _seeded_store(frozen)
-    clock = lambda: frozen  # noqa: E731
+def bench_servicer(store: Datastore, clock: Callable[[], float], fallbacks: int = 0) -> ExtProcServicer:
+    """The servicer as the EPP builds it, over ``store``, seeded RNG, the default scheduler."""
     rng = random.Random(2)
-    servicer = ExtProcServicer(
+    return ExtProcServicer(
         store,
         Scheduler(SchedulerConfig(), rng, clock),
         RequestMetrics(CollectorRegistry()),
@@ -113,7 +111,16 @@ async def serve(transport: str, profile: str | None) -> None:
         metadata_namespace="envoy.lb",
         rng=rng,
         clock=clock,
+        destination_fallbacks=fallbacks,
     )
+
+
+async def serve(transport: str, profile: str | None) -> None:
+    # Fresh metrics forever: the clock the scheduler sees stands still at the scrape time.
+    frozen = time.monotonic()
+    store = _seeded_store(frozen)
+    clock = lambda: frozen  # noqa: E731
+    servicer = bench_servicer(store, clock)
     server: Any
     if transport == GRPCIO_TRANSPORT:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import time
 from collections.abc import Sequence
 
-from bench_ext_proc import V1, captured_requests
-from prometheus_client import CollectorRegistry
+from bench_ext_proc import V1, bench_servicer, captured_requests
 
 from epp.api.types import (
     V1ALPHA2_GROUP,
@@ -29,11 +27,8 @@ from epp.api.types import (
     RewriteRule,
     endpoint_key,
 )
-from epp.config import SchedulerConfig
 from epp.datastore import Metrics, new_datastore
 from epp.handlers import ExtProcServicer
-from epp.metrics import RequestMetrics
-from epp.scheduling import Scheduler
 
 NAMES = (
     "request headers",
@@ -61,17 +56,7 @@ def servicer() -> ExtProcServicer:
         return now[0]
 
     store.pod_update_metrics_if_exist(endpoint_key(key), Metrics(updated_at=now[0] + 1e6))
-    rng = random.Random(2)
-    return ExtProcServicer(
-        store,
-        Scheduler(SchedulerConfig(), rng, clock),
-        RequestMetrics(CollectorRegistry()),
-        destination_header_key="x-gateway-destination-endpoint",
-        metadata_namespace="envoy.lb",
-        rng=rng,
-        clock=clock,
-        destination_fallbacks=2,
-    )
+    return bench_servicer(store, clock, fallbacks=2)
 
 
 async def run(

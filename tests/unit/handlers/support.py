@@ -294,3 +294,15 @@ def immediate(reply: pb.ProcessingResponse) -> tuple[int, str, dict[str, str]]:
 
 def raise_in_scheduler(env: Env, error: EppError | Exception) -> None:
     env.scheduler.error = error
+
+
+# Response bodies that carry token usage, as vLLM streams (SSE) or returns (JSON) it.
+SSE = (
+    b'data: {"choices":[{"text":"Hel"}],"usage":null}\n\n'
+    b'data: {"choices":[{"text":"lo"}],"usage":null}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}\n\n'
+    b"data: [DONE]\n\n"
+)
+JSON = json.dumps(
+    {"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 5, "completion_tokens": 9}}
+).encode()

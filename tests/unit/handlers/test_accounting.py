@@ -4,6 +4,7 @@ stream ends (Envoy ends it when the HTTP exchange is over), and its prompt prefi
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
@@ -31,6 +32,16 @@ def env(**options: bool) -> Env:
     )
 
 
+async def routed(channel: grpc.aio.Channel) -> Any:
+    """An ext_proc stream whose request (headers, then the completion's body) has been routed."""
+    call = pb_grpc.ExternalProcessorStub(channel).Process()
+    await call.write(headers())
+    await call.read()
+    await call.write(body(COMPLETION))
+    await call.read()
+    return call
+
+
 def pod(e: Env, name: str) -> PodMetrics:
     return next(p for p in e.datastore.pod_get_all() if p.pod.key.name == name)
 
@@ -41,11 +52,7 @@ def test_a_routed_request_is_in_flight_until_its_stream_ends() -> None:
 
     async def scenario() -> None:
         async with serving(e.servicer()) as channel:
-            call = pb_grpc.ExternalProcessorStub(channel).Process()
-            await call.write(headers())
-            await call.read()
-            await call.write(body(COMPLETION))
-            await call.read()  # routed: the response is now streaming through Envoy
+            call = await routed(channel)  # the response is now streaming through Envoy
             assert pod(e, "pod-2").dispatched.count == 1
             assert pod(e, "pod-2").dispatched.models == {"food-review-lora"}
             assert pod(e, "pod-1").dispatched.count == 0
@@ -65,11 +72,7 @@ def test_a_cancelled_stream_stops_counting_too() -> None:
 
     async def scenario() -> None:
         async with serving(e.servicer()) as channel:
-            call = pb_grpc.ExternalProcessorStub(channel).Process()
-            await call.write(headers())
-            await call.read()
-            await call.write(body(COMPLETION))
-            await call.read()
+            call = await routed(channel)
             assert sum(p.dispatched.count for p in e.datastore.pod_get_all()) == 1
             call.cancel()  # the client went away: Envoy resets the stream
 
@@ -152,11 +155,7 @@ def test_the_endpoint_that_served_holds_the_request_and_its_prefix(
 
     async def scenario() -> None:
         async with serving(e.servicer()) as channel:
-            call = pb_grpc.ExternalProcessorStub(channel).Process()
-            await call.write(headers())
-            await call.read()
-            await call.write(body(COMPLETION))
-            await call.read()
+            call = await routed(channel)
             assert {n: pod(e, n).dispatched.count for n in counted} == {"pod-1": 1, "pod-2": 0}
             await call.write(served_report(served))
             await call.read()

@@ -10,7 +10,6 @@ general path. Anything the shortcut does not understand is left to the decoder.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -19,7 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.handlers.responses import STREAMED_CHUNK_BYTES, streamed_body
 from epp.handlers.stream import Reply, plain_response_chunk
 
-from .support import Env, body, headers
+from .support import JSON, SSE, Env, body, headers
 
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 # Sizes either side of each varint length boundary the reply's four nested lengths cross.
@@ -154,14 +153,6 @@ def _stream_replies(env: Env, chunks: list[pb.ProcessingRequest]) -> list[bytes]
     return asyncio.run(run())
 
 
-SSE = (
-    b'data: {"choices":[{"text":"Hel"}],"usage":null}\n\n'
-    b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}\n\n'
-    b"data: [DONE]\n\n"
-)
-JSON = json.dumps(
-    {"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 5, "completion_tokens": 9}}
-).encode()
 SAMPLES = [
     "inference_model_input_tokens_sum",
     "inference_model_output_tokens_sum",

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -27,7 +26,7 @@ from epp.handlers.responses import STREAMED_CHUNK_BYTES
 from epp.handlers.subset import SUBSET_KEY, SUBSET_NAMESPACE
 from epp.handlers.usage import SseUsageScanner
 
-from .support import DEST, Env, body, exchange, headers, immediate, mutation, serving
+from .support import DEST, JSON, SSE, Env, body, exchange, headers, immediate, mutation, serving
 
 TRANSPORTS = [H2_TRANSPORT, GRPCIO_TRANSPORT]
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
@@ -275,17 +274,6 @@ def tokens(env: Env) -> tuple[float | None, float | None]:
         env.sample("inference_model_input_tokens_sum", labels),
         env.sample("inference_model_output_tokens_sum", labels),
     )
-
-
-SSE = (
-    b'data: {"choices":[{"text":"Hel"}],"usage":null}\n\n'
-    b'data: {"choices":[{"text":"lo"}],"usage":null}\n\n'
-    b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}\n\n'
-    b"data: [DONE]\n\n"
-)
-JSON = json.dumps(
-    {"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 5, "completion_tokens": 9}}
-).encode()
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
