@@ -17,8 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -343,22 +341,12 @@ class Stack(StartStop):
         return "\n".join(lines)
 
     def _flushed_access_log(self) -> list[dict[str, Any]]:
-        """The access log once it holds every request Envoy completed (it flushes every 100 ms); what
-        it holds after 5 s otherwise (evidence must not turn into a second failure)."""
+        """The access log once it holds every request Envoy completed; what it holds after 5 s
+        otherwise (evidence must not turn into a second failure)."""
         envoy = self.envoy
         assert envoy is not None
-        url = f"{envoy.admin_url}/stats?format=json&filter=%5Ehttp%5C.ingress%5C.downstream_rq_completed%24"
-
-        def flushed() -> list[dict[str, Any]]:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                stats = json.load(response)["stats"]
-            completed = sum(int(s.get("value", 0)) for s in stats)
-            log = envoy.access_log()
-            assert len(log) >= completed, f"{len(log)} access-log entries for {completed} completed requests"
-            return log
-
         try:
-            return eventually(flushed, timeout=5.0, message="Envoy flushed its access log")
+            return envoy.flushed_access_log(timeout=5.0)
         except (AssertionError, OSError):
             return envoy.access_log()
 

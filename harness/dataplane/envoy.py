@@ -53,6 +53,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
+import urllib.request
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from typing import Any, Final, Literal, Self
 
 from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 from harness.base.binaries import envoy_path
+from harness.base.eventually import eventually
 from harness.base.lifecycle import StartStop
 from harness.base.process import ChildProcesses, ManagedProcess, http_health_check
 from harness.cluster.certs import ExtProcTls
@@ -244,6 +246,7 @@ ACCESS_LOG_FORMAT: Final[dict[str, str]] = {
     "flags": "%RESPONSE_FLAGS%",
     "details": "%RESPONSE_CODE_DETAILS%",
     "upstream_host": "%UPSTREAM_HOST%",
+    "upstream_cluster": "%UPSTREAM_CLUSTER%",
     "destination_header": f"%REQ({DESTINATION_HEADER.upper()})%",
     "destination_metadata": f"%DYNAMIC_METADATA({DESTINATION_NAMESPACE}:{DESTINATION_HEADER})%",
     "bytes_received": "%BYTES_RECEIVED%",
@@ -409,11 +412,7 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
     if options.report_served_endpoint:
         forwarded.append(DESTINATION_NAMESPACE)
     return ExternalProcessor(
-        grpc_service=GrpcService(
-            envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
-            timeout=_seconds(options.ext_proc_timeout_s),
-            retry_policy=ext_proc_retry_policy(options.ext_proc_retries),
-        ),
+        grpc_service=ext_proc_service(options),
         failure_mode_allow=options.failure_mode_allow,
         # The EPP itself never answers 502, so a 502 local reply means "no answer from the picker";
         # `gateway_error_replies()` gives it a body a client can read.
@@ -436,7 +435,19 @@ def ext_proc_filter(options: EnvoyOptions) -> ExternalProcessor:
     )
 
 
-def override_host_cluster(options: EnvoyOptions, endpoints_path: Path | None = None) -> Cluster:
+def ext_proc_service(options: EnvoyOptions, cluster_name: str = EXT_PROC_CLUSTER) -> GrpcService:
+    """The EPP as the ext_proc filter calls it: over Envoy's gRPC client to `cluster_name`, with the
+    stream timeout and the retry of a stream that never started."""
+    return GrpcService(
+        envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster_name),
+        timeout=_seconds(options.ext_proc_timeout_s),
+        retry_policy=ext_proc_retry_policy(options.ext_proc_retries),
+    )
+
+
+def override_host_cluster(
+    options: EnvoyOptions, endpoints_path: Path | None = None, name: str = MODEL_SERVERS_CLUSTER
+) -> Cluster:
     """The model servers as a list-aware gateway has them: a cluster of the pool's endpoints (STATIC,
     or from `endpoints_path` by file-based EDS) whose override_host policy reads the EPP's comma list
     from `envoy.lb` metadata (never a client header); with no list it falls back to round robin (the
@@ -461,7 +472,7 @@ def override_host_cluster(options: EnvoyOptions, endpoints_path: Path | None = N
         fallback_policy=fallback,
     )
     cluster = Cluster(
-        name=MODEL_SERVERS_CLUSTER,
+        name=name,
         type=ClusterDiscoveryType.STATIC,
         connect_timeout=_seconds(options.connect_timeout_s),
         per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
@@ -475,7 +486,7 @@ def override_host_cluster(options: EnvoyOptions, endpoints_path: Path | None = N
                 )
             ]
         ),
-        load_assignment=model_server_assignment(options.model_server_endpoints),
+        load_assignment=model_server_assignment(options.model_server_endpoints, name),
     )
     if endpoints_path is not None:
         cluster.type = ClusterDiscoveryType.EDS
@@ -484,11 +495,13 @@ def override_host_cluster(options: EnvoyOptions, endpoints_path: Path | None = N
     return cluster
 
 
-def model_server_assignment(endpoints: Sequence[str]) -> ClusterLoadAssignment:
+def model_server_assignment(
+    endpoints: Sequence[str], cluster_name: str = MODEL_SERVERS_CLUSTER
+) -> ClusterLoadAssignment:
     """The model servers' cluster load assignment: one endpoint per "ip:port"."""
     hosts = [_split_host_port(e) for e in endpoints]
     return ClusterLoadAssignment(
-        cluster_name=MODEL_SERVERS_CLUSTER,
+        cluster_name=cluster_name,
         endpoints=[
             LocalityLbEndpoints(
                 lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=_socket(h, p))) for h, p in hosts]
@@ -811,8 +824,34 @@ def build_bootstrap(
         ],
     )
     listener = _ingress_listener(hcm, listener_port, options)
+    ext_proc_cluster = build_ext_proc_cluster(
+        options,
+        ext_proc_replicas or [ExtProcReplica(f"{ext_proc_host}:{ext_proc_port}")],
+        ext_proc_tls,
+        ext_proc_endpoints_path,
+    )
+    model_servers = build_model_servers_cluster(options, model_server_endpoints_path)
+    return Bootstrap(
+        node=Node(id="epp-harness-envoy", cluster="epp-harness"),
+        admin=Admin(address=_socket(LOOPBACK, admin_port)),
+        static_resources=BootstrapStaticResources(
+            listeners=[listener], clusters=[ext_proc_cluster, model_servers]
+        ),
+    )
+
+
+def build_ext_proc_cluster(
+    options: EnvoyOptions,
+    replicas: Sequence[ExtProcReplica],
+    tls: ExtProcTls | None,
+    endpoints_path: Path | None = None,
+    name: str = EXT_PROC_CLUSTER,
+) -> Cluster:
+    """The EPP's replicas as Envoy's cluster `name`: HTTP/2, verified TLS when `tls` is given and
+    `options.ext_proc_tls`, health-checked on their plaintext port when `options` say so; the
+    endpoints fixed (STATIC) or read from `endpoints_path` (file-based EDS)."""
     ext_proc_cluster = Cluster(
-        name=EXT_PROC_CLUSTER,
+        name=name,
         type=ClusterDiscoveryType.STATIC,
         connect_timeout=_seconds(options.connect_timeout_s),
         typed_extension_protocol_options={
@@ -825,30 +864,23 @@ def build_bootstrap(
             )
         },
         load_assignment=ClusterLoadAssignment(
-            cluster_name=EXT_PROC_CLUSTER,
-            endpoints=[
-                LocalityLbEndpoints(
-                    lb_endpoints=_ext_proc_endpoints(
-                        ext_proc_replicas or [ExtProcReplica(f"{ext_proc_host}:{ext_proc_port}")]
-                    )
-                )
-            ],
+            cluster_name=name, endpoints=[LocalityLbEndpoints(lb_endpoints=_ext_proc_endpoints(replicas))]
         ),
         health_checks=ext_proc_health_checks(options.ext_proc_health_check),
     )
-    if ext_proc_endpoints_path is not None:
+    if endpoints_path is not None:
         ext_proc_cluster.type = ClusterDiscoveryType.EDS
         ext_proc_cluster.load_assignment = None
-        ext_proc_cluster.eds_cluster_config = _file_eds(ext_proc_endpoints_path)
+        ext_proc_cluster.eds_cluster_config = _file_eds(endpoints_path)
     if options.ext_proc_retries > 0:
         # Envoy allows 3 retries in flight per cluster by default: when a replica dies, every stream
         # that was about to start on it needs one at once.
         ext_proc_cluster.circuit_breakers = CircuitBreakers(
             thresholds=[CircuitBreakersThresholds(max_retries=EXT_PROC_MAX_RETRIES_IN_FLIGHT)]
         )
-    if options.ext_proc_tls and ext_proc_tls is not None:
+    if options.ext_proc_tls and tls is not None:
         ext_proc_cluster.transport_socket = TransportSocket(
-            name="envoy.transport_sockets.tls", typed_config=AnyProto.pack(ext_proc_tls_context(ext_proc_tls))
+            name="envoy.transport_sockets.tls", typed_config=AnyProto.pack(ext_proc_tls_context(tls))
         )
     if options.ext_proc_health_check is not None:
         ext_proc_cluster.transport_socket_matches = [
@@ -860,8 +892,18 @@ def build_bootstrap(
                 ),
             )
         ]
+    return ext_proc_cluster
+
+
+def build_model_servers_cluster(
+    options: EnvoyOptions, endpoints_path: Path | None = None, name: str = MODEL_SERVERS_CLUSTER
+) -> Cluster:
+    """The model servers as Envoy's cluster `name`: ORIGINAL_DST reading the EPP's one address from
+    `envoy.lb` metadata; list-aware (override_host over the pool's endpoints, fixed or from
+    `endpoints_path`) when `options` say so; the benchmarks' `direct_upstream`; h2c when the pool's
+    `appProtocol` says so."""
     model_servers = Cluster(
-        name=MODEL_SERVERS_CLUSTER,
+        name=name,
         type=ClusterDiscoveryType.ORIGINAL_DST,
         lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
         connect_timeout=_seconds(options.connect_timeout_s),
@@ -873,20 +915,20 @@ def build_bootstrap(
         ),
     )
     if options.follow_pool_endpoints:
-        if model_server_endpoints_path is None:
-            raise ValueError("follow_pool_endpoints needs model_server_endpoints_path (the EDS file)")
-        model_servers = override_host_cluster(options, model_server_endpoints_path)
+        if endpoints_path is None:
+            raise ValueError("follow_pool_endpoints needs endpoints_path (the EDS file)")
+        model_servers = override_host_cluster(options, endpoints_path, name)
     elif options.model_server_endpoints:
-        model_servers = override_host_cluster(options)
+        model_servers = override_host_cluster(options, name=name)
     if options.direct_upstream is not None:
         upstream_host, upstream_port = _split_host_port(options.direct_upstream)
         model_servers = Cluster(
-            name=MODEL_SERVERS_CLUSTER,
+            name=name,
             type=ClusterDiscoveryType.STATIC,
             connect_timeout=_seconds(options.connect_timeout_s),
             per_connection_buffer_limit_bytes=options.buffer_limit_bytes,
             load_assignment=ClusterLoadAssignment(
-                cluster_name=MODEL_SERVERS_CLUSTER,
+                cluster_name=name,
                 endpoints=[
                     LocalityLbEndpoints(
                         lb_endpoints=[
@@ -899,13 +941,7 @@ def build_bootstrap(
     model_servers.typed_extension_protocol_options = model_server_protocol_options(
         options.model_server_protocol
     )
-    return Bootstrap(
-        node=Node(id="epp-harness-envoy", cluster="epp-harness"),
-        admin=Admin(address=_socket(LOOPBACK, admin_port)),
-        static_resources=BootstrapStaticResources(
-            listeners=[listener], clusters=[ext_proc_cluster, model_servers]
-        ),
-    )
+    return model_servers
 
 
 def ext_proc_endpoints_json(replicas: Sequence[ExtProcReplica], version: int) -> str:
@@ -917,9 +953,11 @@ def ext_proc_endpoints_json(replicas: Sequence[ExtProcReplica], version: int) ->
     return _eds_json(assignment, version)
 
 
-def model_server_endpoints_json(endpoints: Sequence[str], version: int) -> str:
-    """The EDS file of the model servers' cluster (`follow_pool_endpoints`)."""
-    return _eds_json(model_server_assignment(endpoints), version)
+def model_server_endpoints_json(
+    endpoints: Sequence[str], version: int, cluster_name: str = MODEL_SERVERS_CLUSTER
+) -> str:
+    """The EDS file of a model servers' cluster (`follow_pool_endpoints`)."""
+    return _eds_json(model_server_assignment(endpoints, cluster_name), version)
 
 
 def _eds_json(assignment: ClusterLoadAssignment, version: int) -> str:
@@ -1154,6 +1192,25 @@ class Envoy(StartStop):
         except FileNotFoundError:
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def completed_requests(self) -> int:
+        """How many downstream requests Envoy has completed (its admin stats)."""
+        url = f"{self.admin_url}/stats?format=json&filter=%5Ehttp%5C.ingress%5C.downstream_rq_completed%24"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            stats = json.load(response)["stats"]
+        return sum(int(s.get("value", 0)) for s in stats)
+
+    def flushed_access_log(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The access log once it holds an entry for every request Envoy has completed (it flushes
+        every ``ACCESS_LOG_FLUSH_MS``); AssertionError if it does not within `timeout`."""
+
+        def flushed() -> list[dict[str, Any]]:
+            completed = self.completed_requests()
+            log = self.access_log()
+            assert len(log) >= completed, f"{len(log)} access-log entries for {completed} completed requests"
+            return log
+
+        return eventually(flushed, timeout=timeout, message="Envoy flushed its access log")
 
 
 # ---- Envoy as a plain load balancer (no EPP): the baselines of `harness bench routing` ----------

@@ -20,22 +20,39 @@ fail-open gateway needs to have anywhere to send a request without its EPP.
   ranks, v1 only): every rank gets traffic. Each request has a prompt of its own: an EPP with
   prefix-cache affinity (llm-d-router's default profile, upstream v1.5.0's) rightly keeps one
   repeated prompt on the rank that served it, which says nothing about the ranks being endpoints.
+* GatewayWeightedAcrossTwoInferencePools: one route, two pools weighted 70/30, an EPP each
+  (`harness.dataplane.weighted_pools`): 200 requests, 5 at a time, split by weight within upstream's
+  tolerance (the larger of 0.10 and 4.5 sigma), and each one served by a pod of the pool Envoy sent
+  it to, the very endpoint that pool's EPP picked (the access log's `upstream_cluster`,
+  `upstream_host` and the EPP's metadata). A pool's EPP only knows its own pods (the pool-boundaries
+  scenario), so a pick inside the pool means that pool's EPP was asked. The weighted Envoy is always
+  a process (``--envoy=container`` runs the Stacks' own Envoys in containers, not this one).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx2
 import pytest
 
 from harness.base.eventually import eventually
 from harness.beds.stack import BASE_MODEL, ModelSpec, Stack
+from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.releases import V1
 from harness.dataplane.envoy import EnvoyOptions
+from harness.dataplane.pool_endpoints import PoolEndpointsFollower
+from harness.dataplane.weighted_pools import WeightedPool, WeightedPoolsEnvoy
 from harness.plugin.stack_fixtures import StackFactory
 from harness.scenarios.support import cluster_of, endpoint, served_by
+from harness.subject.foreign_epp import EppCommand
 
 pytestmark = [pytest.mark.e2e, pytest.mark.epp_agnostic]
 
@@ -46,6 +63,13 @@ MODELS = (ModelSpec("llama", MODEL, "Critical"),)
 GATEWAY = EnvoyOptions(follow_pool_endpoints=True, ext_proc_dynamic_endpoints=True)
 REQUESTS = 6
 RANKS = (8000, 8001, 8002)
+# GatewayWeightedAcrossTwoInferencePools: its weights, sample and concurrency; 3 pods per pool.
+SECONDARY_POOL = "secondary-pool"
+SECONDARY_MODELS = (ModelSpec("llama-secondary", MODEL, "Critical"),)
+WEIGHTS = (70, 30)
+SPLIT_REQUESTS = 200
+SPLIT_CONCURRENCY = 5
+POOL_PODS = 3
 
 
 def complete(stack: Stack, http: httpx2.Client, prompt: str = "hello gateway") -> httpx2.Response:
@@ -128,3 +152,91 @@ def test_every_data_parallel_rank_of_a_pod_gets_traffic(stack_factory: StackFact
         eventually(every_rank_served, timeout=60, message="traffic reaches every rank of the pod")
     for port in RANKS:
         assert pod.sim(port).received_requests(), f"rank {port}'s model server counted nothing"
+
+
+@contextlib.contextmanager
+def weighted_envoy(stacks: Sequence[Stack], weights: Sequence[int]) -> Iterator[WeightedPoolsEnvoy]:
+    """One Envoy whose route splits across the Stacks' pools by `weights`, each pool's requests
+    routed by that Stack's EPP, each pool's cluster following that pool's endpoints."""
+    pools = []
+    for stack, weight in zip(stacks, weights, strict=True):
+        process = stack.epp_process
+        assert process is not None
+        assert stack.envoy is not None
+        pools.append(
+            WeightedPool(stack.options.pool_name, weight, process.ext_proc_address, process.ext_proc_tls)
+        )
+    # As the Stacks' own Envoys are set up for their EPP (its body modes), but list-aware with the
+    # EPP fixed (one replica each).
+    options = dataclasses.replace(stacks[0].envoy.options, ext_proc_dynamic_endpoints=False)  # type: ignore[union-attr]
+    with WeightedPoolsEnvoy(pools, options=options) as envoy, contextlib.ExitStack() as followers:
+        for stack in stacks:
+            cluster = cluster_of(stack)
+            follower = PoolEndpointsFollower(
+                cluster.kube, cluster.namespace, cluster.pool_name,
+                functools.partial(envoy.set_pool_endpoints, cluster.pool_name),
+            ).start()  # fmt: skip
+            followers.callback(follower.stop)
+        yield envoy
+
+
+def served_pools(envoy: WeightedPoolsEnvoy, entries: Sequence[dict[str, Any]]) -> set[str | None]:
+    return {envoy.pool_of_cluster(str(entry.get("upstream_cluster"))) for entry in entries}
+
+
+def test_traffic_splits_by_weight_across_two_pools_each_routed_by_its_own_epp(
+    stack_factory: StackFactory, control_plane: ClusterAccess, epp_command: EppCommand | None
+) -> None:
+    if epp_command is not None and epp_command.fixed_ports:
+        pytest.skip(
+            f"not applicable: {epp_command.name} always binds port(s) {epp_command.fixed_ports}, so two "
+            "of it (one per pool) cannot run on one host"
+        )
+    primary = stack_factory(pods=POOL_PODS, models=MODELS, envoy=EnvoyOptions(follow_pool_endpoints=True))
+    options = dataclasses.replace(primary.options, pool_name=SECONDARY_POOL, models=SECONDARY_MODELS)
+    with Stack(control_plane, options) as secondary, weighted_envoy((primary, secondary), WEIGHTS) as envoy:
+        pool_of_pod = {
+            endpoint(stack, name): stack.options.pool_name
+            for stack in (primary, secondary)
+            for name in cluster_of(stack).pods
+        }
+        body = {"model": MODEL, "prompt": "Write as if you were a critic: San Francisco", "max_tokens": 1}
+        with httpx2.Client(base_url=f"{envoy.base_url}/v1", timeout=60) as http:
+
+            def both_pools_serve() -> None:  # each pool's cluster has its endpoints, each EPP answers
+                for _ in range(8):
+                    response = http.post("/completions", json=body)
+                    assert response.status_code == 200, f"{response.status_code} {response.text[:200]!r}"
+                pools = served_pools(envoy, envoy.flushed_access_log())
+                assert pools == {primary.options.pool_name, SECONDARY_POOL}, f"pools served so far: {pools}"
+
+            eventually(both_pools_serve, timeout=60, message="both pools serve through the weighted route")
+            before = len(envoy.flushed_access_log())
+            with ThreadPoolExecutor(SPLIT_CONCURRENCY) as workers:
+                statuses = list(workers.map(lambda _: http.post("/completions", json=body).status_code,
+                                            range(SPLIT_REQUESTS)))  # fmt: skip
+        assert statuses == [200] * SPLIT_REQUESTS, f"not every request was served: {statuses}"
+        entries = envoy.flushed_access_log()[before:]
+
+    assert len(entries) == SPLIT_REQUESTS
+    hits = {primary.options.pool_name: 0, SECONDARY_POOL: 0}
+    for entry in entries:
+        pool = envoy.pool_of_cluster(str(entry["upstream_cluster"]))
+        host = entry["upstream_host"]
+        picked = str(entry["destination_metadata"]).split(",")[0]
+        assert pool is not None, f"a request went to cluster {entry['upstream_cluster']!r}, no pool's"
+        assert pool_of_pod.get(host) == pool, (
+            f"routed to pool {pool} but served by {host} ({pool_of_pod.get(host) or 'no pool'}'s pod)"
+        )
+        assert picked == host, (
+            f"pool {pool}'s request was served by {host}, not by the endpoint its EPP picked ({picked!r}): "
+            "the gateway asked another pool's EPP, or ignored the pick"
+        )
+        hits[pool] += 1
+    expected = WEIGHTS[0] / sum(WEIGHTS)
+    observed = hits[primary.options.pool_name] / SPLIT_REQUESTS
+    tolerance = max(0.10, 4.5 * math.sqrt(expected * (1 - expected) / SPLIT_REQUESTS))
+    assert abs(observed - expected) <= tolerance, (
+        f"weighted split out of bounds: primary {observed:.3f} ({hits}), "
+        f"expected {expected:.3f} ± {tolerance:.3f}"
+    )
