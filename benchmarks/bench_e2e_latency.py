@@ -28,6 +28,12 @@ added latency, ≥ on requests/s at 32 in flight.
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-tree /tmp/epp-main  # another checkout
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-full-duplex  # ours in full duplex too
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-ours-v1  # ours behind upstream's v1 Envoy
+    # Today's EPPs side by side on v1 CRDs, each behind the request side of the v1 mode
+    # (FULL_DUPLEX_STREAMED); ours in that mode too (`harness build --upstream-epp v1.5.0` and
+    # `harness build --epp-source` first):
+    EPP_HARNESS_CRD_RELEASE=v1.5.0 .venv/bin/python benchmarks/bench_e2e_latency.py \
+        --compare-ours-full-duplex --compare-upstream v1.5.0 \
+        --compare-epp-command "$LLM_D_EPP" --compare-epp-fixed-ports ""
 """
 
 from __future__ import annotations
@@ -293,7 +299,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="CMD",
-        help="also measure this EPP command line (upstream flag names; repeatable)",
+        help="also measure this EPP command line (repeatable); its flag dialect is read off its --help "
+        "(v0.3 camelCase, v1.x kebab-case, lwepp) as `harness conformance --epp-command` reads it",
+    )
+    parser.add_argument(
+        "--compare-epp-fixed-ports",
+        default=None,
+        metavar="PORTS",
+        help="ports every --compare-epp-command binds whatever its flags (default: controller-runtime's "
+        '8080, as upstream v0.3.0; "" for none, e.g. llm-d-router)',
     )
     parser.add_argument(
         "--compare-upstream",
@@ -382,7 +396,12 @@ def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyO
                 request_body_mode="FULL_DUPLEX_STREAMED",
             )
         )
-    commands += [EppCommand.parse(line, label=short_label(line)) for line in args.compare_epp_command]
+    commands += [
+        dataclasses.replace(
+            EppCommand.from_text(line, fixed_ports=args.compare_epp_fixed_ports), label=short_label(line)
+        )
+        for line in args.compare_epp_command
+    ]
     # Our EPP from another command line or checkout: our flags, told the pool group as `ours()` is.
     for line in args.compare_ours_command:
         argv = tuple(shlex.split(line))
@@ -397,11 +416,10 @@ def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyO
         tree = tree.resolve()
         argv = ("env", f"PYTHONPATH={tree}", sys.executable, "-m", "epp")
         commands.append(dataclasses.replace(EppCommand.ours(), argv=argv, label=f"epp at {tree.name}"))
+    # Each behind the Envoy the harness gives it (`EppCommand.envoy_options`): BUFFERED for v0.3's
+    # dialect, the request side of the v1 mode (FULL_DUPLEX_STREAMED, trailers) for a v1.x EPP.
     return [
-        *(
-            (command, EnvoyOptions(log_level="warning", request_body_mode=command.envoy_request_body_mode))
-            for command in commands
-        ),
+        *((command, command.envoy_options(EnvoyOptions(log_level="warning"))) for command in commands),
         *v1,
     ]
 
