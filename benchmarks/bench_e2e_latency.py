@@ -54,6 +54,7 @@ from pathlib import Path
 import aiohttp
 
 from harness.beds.stack import BASE_MODEL, ModelSpec, Stack, StackOptions
+from harness.cluster import source_build
 from harness.cluster.controlplane import ControlPlane
 from harness.dataplane.envoy import Envoy, EnvoyOptions
 from harness.sim import SimConfig
@@ -365,12 +366,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def short_label(command_line: str) -> str:
-    """A command line as a row label: program names without their directories."""
-    words = [
-        Path(word).name if "/" in word and not word.startswith("-") else word
-        for word in shlex.split(command_line)
-    ]
-    return " ".join(words)
+    """A command line as a row label: program names without their directories; a binary of
+    `harness build --epp-source` by its module and revision (its file is always `epp`)."""
+    return " ".join(_short_word(word) for word in shlex.split(command_line))
+
+
+def _short_word(word: str) -> str:
+    if "/" not in word or word.startswith("-"):
+        return word
+    path = Path(word)
+    parts = path.parts
+    if source_build.CACHE_DIR in parts[:-3]:
+        module, revision = parts[-3], parts[-2]
+        return f"{module.replace('+', '/')} {revision}"
+    return path.name
 
 
 def compared_commands(args: argparse.Namespace) -> list[tuple[EppCommand, EnvoyOptions]]:
