@@ -414,6 +414,25 @@ class LeaderElectionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConformanceHooks:
+    """Upstream's two test plugins, for gateway conformance runs (its GatewayFollowingEPPRouting and
+    GatewayDestinationEndpointServed tests): off unless an EndpointPickerConfig names them.
+
+    `endpoint_selection_header` (`header-based-testing-filter`): the request header
+    `test-epp-endpoint-selection` (a comma list of `ip` or `ip:port`) limits the candidates; a
+    request without it has none (503). `served_endpoint_header` (`destination-endpoint-served-verifier`):
+    the response carries `x-conformance-test-served-endpoint`, the endpoint the proxy reported as
+    the one that served (or why there is none), so a test can read what the EPP was told.
+    """
+
+    endpoint_selection_header: bool = False
+    served_endpoint_header: bool = False
+
+
+NO_CONFORMANCE_HOOKS = ConformanceHooks()
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     # "" in standalone mode (`endpoint_selector` set instead).
     pool_name: str
@@ -453,6 +472,8 @@ class ServerConfig:
     # The v1 request protocol (epp.handlers): fallbacks after the pick, and the proxy's subset hint.
     destination_fallbacks: int = DEFAULT_DESTINATION_FALLBACKS
     endpoint_subset_filter: bool = True
+    # Upstream's test plugins (an EndpointPickerConfig naming them), for gateway conformance runs.
+    conformance: ConformanceHooks = field(default_factory=ConformanceHooks)
     # The ext_proc port's HTTP/2 limits (`--h2-*`); its message limit comes from max_request_body_bytes.
     h2: Limits = field(default_factory=Limits)
 

@@ -23,7 +23,12 @@ from typing import Any
 import grpc
 
 from epp.body import BodyScanner
-from epp.config import DEFAULT_DESTINATION_FALLBACKS, DEFAULT_MAX_REQUEST_BODY_BYTES
+from epp.config import (
+    DEFAULT_DESTINATION_FALLBACKS,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    NO_CONFORMANCE_HOOKS,
+    ConformanceHooks,
+)
 from epp.h2 import GrpcServer, StreamError
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting
 from epp.handlers.responses import ConstantReplies, Destination
@@ -76,6 +81,7 @@ class ExtProcServicer:
         accounting: Accounting = NO_ACCOUNTING,
         destination_fallbacks: int = DEFAULT_DESTINATION_FALLBACKS,
         endpoint_subset_filter: bool = True,
+        conformance: ConformanceHooks = NO_CONFORMANCE_HOOKS,
     ) -> None:
         # Envoy hands header names over lower-cased; compare and mutate in that form.
         key = destination_header_key.lower()
@@ -95,6 +101,7 @@ class ExtProcServicer:
             accounting=accounting,
             fallbacks=max(0, destination_fallbacks),
             subset_filter=endpoint_subset_filter,
+            conformance=conformance,
         )
 
     async def aclose(self) -> None:

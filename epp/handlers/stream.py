@@ -56,10 +56,12 @@ from google.protobuf.message import DecodeError
 
 from epp.api.types import InferencePool, Objective, RewriteMatch
 from epp.body import BodyScanner, with_model
+from epp.config import NO_CONFORMANCE_HOOKS, ConformanceHooks
 from epp.datastore.types import PodMetrics
 from epp.errors import BadRequest, EppError, Internal, NoEndpoints, PayloadTooLarge
 from epp.handlers import responses
 from epp.handlers.accounting import NO_ACCOUNTING, Accounting, Dispatch, PrefixQuery
+from epp.handlers.conformance import ENDPOINT_SELECTION_HEADER, selected_endpoints, served_result_reply
 from epp.handlers.request import resolve
 from epp.handlers.served import served_endpoint
 from epp.handlers.subset import SUBSET_KEY, SUBSET_NAMESPACE, Subset, parse_subset
@@ -126,6 +128,8 @@ class StreamDeps:
     fallbacks: int = 0
     # Honour the proxy's subset hint (`--disable-endpoint-subset-filter` turns it off).
     subset_filter: bool = True
+    # Upstream's test plugins, when a config names them (epp.handlers.conformance).
+    conformance: ConformanceHooks = NO_CONFORMANCE_HOOKS
 
 
 def endpoint_of(pod: PodMetrics, pool: InferencePool) -> str:
@@ -390,6 +394,9 @@ class ExtProcStream:
                 self._observe(kind, self._response_complete)
             replies = self._deps.replies
             if kind == "response_headers":
+                if self._deps.conformance.served_endpoint_header:
+                    metadata = req.metadata_context if req.HasField("metadata_context") else None
+                    return served_result_reply(metadata), False
                 return replies.response_headers, False
             if kind == "response_trailers":
                 return replies.response_trailers, False
@@ -568,6 +575,14 @@ class ExtProcStream:
                 raise NoEndpoints(
                     f"no ready endpoint of InferencePool {pool.key.name} is in the subset the proxy "
                     f"allowed ({subset.describe()})"
+                )
+        if self._deps.conformance.endpoint_selection_header:
+            selection = selected_endpoints(self.headers)
+            pods = [p for p in pods if selection.allows(p.pod.address, p.pod.port)]
+            if not pods:
+                raise NoEndpoints(
+                    f"no ready endpoint of InferencePool {pool.key.name} is named in the request's "
+                    f"{ENDPOINT_SELECTION_HEADER} header ({selection.describe()})"
                 )
         return pool, pods
 

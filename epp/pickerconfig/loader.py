@@ -36,6 +36,7 @@ from epp.config import (
     MAX_SCORE_PICKER,
     METRICS_SCHEMES,
     ConfigError,
+    ConformanceHooks,
     MetricNames,
     ProberConfig,
     SchedulerConfig,
@@ -60,6 +61,8 @@ from epp.pickerconfig.plugins import (
     PROFILE_ROLES,
     SATURATION_DETECTOR,
     SCORER,
+    TEST_FILTER,
+    TEST_RESPONSE_HOOK,
     PluginType,
 )
 
@@ -94,6 +97,7 @@ class PickerConfig:
     scheduling: bool
     feature_gates: frozenset[str] = frozenset()
     notes: tuple[str, ...] = ()
+    conformance: ConformanceHooks = dataclasses.field(default_factory=ConformanceHooks)
 
 
 @dataclass(slots=True)
@@ -211,6 +215,7 @@ class _Loader:
         self._notes: list[str] = []
         # prefix setting -> (value, the entry that set it), to catch two entries disagreeing
         self._prefix: dict[str, tuple[int, str]] = {}
+        self._hooks: dict[str, bool] = {}
 
     def load(self, document: object) -> PickerConfig:
         top = _mapping(document, "the config")
@@ -226,6 +231,8 @@ class _Loader:
         for plugin in plugins.values():
             self._parameters(plugin)
         scheduling = self._profiles(top.get("schedulingProfiles"), plugins)
+        if any(p.kind.role == TEST_RESPONSE_HOOK for p in plugins.values()):
+            self._hooks["served_endpoint_header"] = True
         self._saturation_detector(top.get("saturationDetector"), plugins)
         self._data_layer(top.get("dataLayer"), plugins)
         self._parser(top.get("parser"), plugins)
@@ -236,7 +243,8 @@ class _Loader:
             prober = dataclasses.replace(self._prober, **self._probe)
         except ConfigError as exc:  # a combination no single entry shows (e.g. prefix token limits)
             raise PickerConfigError(f"{exc.setting}={exc.value!r}: {exc.rule}") from None
-        return PickerConfig(scheduler, prober, scheduling, frozenset(gates), tuple(self._notes))
+        hooks = ConformanceHooks(**self._hooks)
+        return PickerConfig(scheduler, prober, scheduling, frozenset(gates), tuple(self._notes), hooks)
 
     # --- sections ------------------------------------------------------------------------------
     def _feature_gates(self, value: object) -> list[str]:
@@ -304,7 +312,7 @@ class _Loader:
             if plugin.kind.role not in PROFILE_ROLES:
                 raise PickerConfigError(
                     f"{at}: plugin {plugin.name!r} ({plugin.type_name}) "
-                    "is not a scorer, picker or filter-tree"
+                    "is not a scorer, picker, filter or filter-tree"
                 )
             weight = ref_fields.get("weight")
             if weight is not None:
@@ -325,6 +333,11 @@ class _Loader:
         return True
 
     def _build_profile(self, where: str, members: Sequence[tuple[_Plugin, float | None]]) -> None:
+        if any(p.kind.role == TEST_FILTER for p, _ in members):
+            self._hooks["endpoint_selection_header"] = True
+            members = [(p, w) for p, w in members if p.kind.role != TEST_FILTER]
+            if not members:
+                return  # the filter alone: the scheduler stays as the flags chose it
         roles = [p.kind.role for p, _ in members]
         if FILTER_TREE in roles:
             if len(members) > 1:

@@ -29,6 +29,10 @@ from epp.config import (
 SCORER = "scorer"
 PICKER = "picker"
 FILTER_TREE = "filter-tree"  # decides alone: a profile with it has no scorer and no picker
+# Upstream's test plugins (epp.config.ConformanceHooks): a filter a profile lists, and a response
+# hook that takes effect by being declared.
+TEST_FILTER = "test-filter"
+TEST_RESPONSE_HOOK = "test-response-hook"
 PROFILE_HANDLER = "profile-handler"
 SATURATION_DETECTOR = "saturation-detector"
 DATA_SOURCE = "data-source"
@@ -36,7 +40,7 @@ EXTRACTOR = "extractor"
 PARSER = "parser"
 PRODUCER = "producer"
 # Roles a scheduling profile may reference.
-PROFILE_ROLES = frozenset({SCORER, PICKER, FILTER_TREE})
+PROFILE_ROLES = frozenset({SCORER, PICKER, FILTER_TREE, TEST_FILTER})
 
 PREFIX_PARAMETERS = frozenset(
     {
@@ -92,6 +96,9 @@ PLUGIN_TYPES: dict[str, PluginType] = {
         EXTRACTOR, frozenset({"engineLabelKey", "defaultEngine", "engineConfigs"})
     ),
     "openai-parser": PluginType(PARSER),
+    # upstream's test plugins, for gateway conformance runs (epp.config.ConformanceHooks)
+    "header-based-testing-filter": PluginType(TEST_FILTER),
+    "destination-endpoint-served-verifier": PluginType(TEST_RESPONSE_HOOK),
     # the prefix scorer's producer upstream (it holds the block parameters there)
     "approx-prefix-cache-producer": PluginType(PRODUCER, PREFIX_PARAMETERS),
 }
@@ -105,7 +112,6 @@ NOT_IMPLEMENTED = frozenset(
         "predicted-latency-producer",
         "prefix-cache-affinity-filter",
         "slo-headroom-tier-filter",
-        "header-based-testing-filter",
         "fcfs-ordering-policy",
         "edf-ordering-policy",
         "slo-deadline-ordering-policy",
@@ -120,7 +126,6 @@ NOT_IMPLEMENTED = frozenset(
         "latency-slo-admitter",
         "vllmgrpc-parser",
         "passthrough-parser",
-        "destination-endpoint-served-verifier",
     }
 )
 

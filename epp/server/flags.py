@@ -48,6 +48,7 @@ from typing import NoReturn, TypeVar
 from epp import config as defaults
 from epp.config import (
     ConfigError,
+    ConformanceHooks,
     LeaderElectionConfig,
     MetricNames,
     ProberConfig,
@@ -593,8 +594,9 @@ def _prober_config(ns: argparse.Namespace) -> ProberConfig:
 
 def _picker_config(
     ns: argparse.Namespace, scheduler: SchedulerConfig, prober: ProberConfig, notes: list[str]
-) -> tuple[SchedulerConfig, ProberConfig]:
-    """Apply `--config-file` / `--config-text`, if any: the file's settings win over flags and env."""
+) -> tuple[SchedulerConfig, ProberConfig, ConformanceHooks]:
+    """Apply `--config-file` / `--config-text`, if any: the file's settings win over flags and env;
+    the test plugins it names, if any."""
     if ns.config_file:
         source = f"--config-file {ns.config_file}"
         try:
@@ -605,7 +607,7 @@ def _picker_config(
     elif ns.config_text:
         source, text = "--config-text", ns.config_text
     else:
-        return scheduler, prober
+        return scheduler, prober, ConformanceHooks()
     try:
         loaded = load_picker_config(text, scheduler=scheduler, prober=prober)
     except PickerConfigError as exc:
@@ -613,12 +615,12 @@ def _picker_config(
     if loaded.scheduling and ns.scheduler is not None:
         raise FlagError(f"--scheduler and {source}'s scheduling profile cannot both choose the scheduler")
     notes.extend(f"{source}: {note}" for note in loaded.notes)
-    return loaded.scheduler, loaded.prober
+    return loaded.scheduler, loaded.prober, loaded.conformance
 
 
 def _server_config(ns: argparse.Namespace, environ: Mapping[str, str], notes: list[str]) -> ServerConfig:
     kind = defaults.DEFAULT_SCHEDULER if ns.scheduler is None else ns.scheduler
-    scheduler, prober = _picker_config(
+    scheduler, prober, conformance = _picker_config(
         ns, scheduler_config(environ, ns.metrics_staleness_threshold, kind), _prober_config(ns), notes
     )
     ports: list[int] = []
@@ -659,6 +661,7 @@ def _server_config(ns: argparse.Namespace, environ: Mapping[str, str], notes: li
         ),
         destination_fallbacks=ns.destination_endpoint_fallbacks,
         endpoint_subset_filter=not ns.disable_endpoint_subset_filter,
+        conformance=conformance,
         h2=h2_limits(ns),
     )
 

@@ -404,6 +404,7 @@ class Epp:
             accounting=accounting,
             destination_fallbacks=config.destination_fallbacks,
             endpoint_subset_filter=config.endpoint_subset_filter,
+            conformance=config.conformance,
         )
         # Registered before the ext_proc server, so it runs after the server has stopped (reverse
         # order): streams in their grace period may still be scanning a body.

@@ -46,6 +46,10 @@ class FlagProfile:
     # Capabilities (`harness.verdicts.departures.CAPABILITIES`) the EPPs of this dialect do not have:
     # scenarios that need one are "not applicable" to them, never a FAIL.
     lacks: frozenset[str] = frozenset()
+    # The flag that takes an EndpointPickerConfig as text (v1.x's full EPPs): how the harness turns
+    # on upstream's test plugins (`test_plugin_args`); None where they need no config (lwepp has them
+    # built in) or do not exist (v0.3.0, which also lacks "test-plugins").
+    config_text: str | None = None
 
     def flags(self) -> tuple[str, ...]:
         """Every flag name the harness may pass in this dialect."""
@@ -75,7 +79,8 @@ V0_3: Final = FlagProfile(
     verbosity="-v",
     # v0.3.0 reads vllm:gpu_cache_usage_perc by default; vLLM >= 0.10 (and the simulators) publish this.
     metric_args=("--kvCacheUsagePercentageMetric=vllm:kv_cache_usage_perc",),
-    lacks=frozenset({"leader-election"}),  # v0.3.0 has no HA mode (upstream #1264 came later)
+    # v0.3.0 has no HA mode (upstream #1264 came later) and no plugins (no config file at all).
+    lacks=frozenset({"leader-election", "test-plugins"}),
 )
 V1: Final = FlagProfile(
     name="v1",
@@ -90,6 +95,7 @@ V1: Final = FlagProfile(
     verbosity="-v",
     pool_group="--pool-group",
     envoy_protocol="v1",
+    config_text="--config-text",
 )
 LWEPP: Final = FlagProfile(
     name="lwepp",
@@ -118,6 +124,33 @@ LWEPP: Final = FlagProfile(
     ),
 )
 PROFILES: Final = {profile.name: profile for profile in (V0_3, V1, LWEPP)}
+# Upstream's two test plugins in a profile of their own, as its gateway conformance runs configure
+# a full EPP: the `test-epp-endpoint-selection` header chooses the endpoint (`header-based-testing-filter`,
+# then the highest score of no scorer: any of those named), and the response carries back the
+# endpoint the proxy reported as served (`destination-endpoint-served-verifier`).
+TEST_PLUGINS_CONFIG: Final = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: header-based-testing-filter
+- type: destination-endpoint-served-verifier
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: header-based-testing-filter
+  - pluginRef: max-score-picker
+"""
+
+
+def test_plugin_args(profile: FlagProfile) -> tuple[str, ...]:
+    """The arguments that turn on upstream's test plugins for an EPP of `profile` (none for lwepp,
+    which has them built in). Only for a profile that does not lack "test-plugins"."""
+    if profile.config_text is None:
+        return ()
+    return (f"{profile.config_text}={TEST_PLUGINS_CONFIG}",)
+
+
 HELP_TIMEOUT_S: Final = 20.0
 
 

@@ -73,6 +73,10 @@ CAPABILITIES: Final[dict[str, str]] = {
         "--ha-enable-leader-election: only the Lease holder reports SERVING, and the next replica takes "
         "over when it goes"
     ),
+    "test-plugins": (
+        "upstream's test plugins for gateway conformance: the test-epp-endpoint-selection header picks "
+        "the endpoint, and x-conformance-test-served-endpoint echoes the endpoint that served"
+    ),
 }
 
 

@@ -27,6 +27,13 @@ fail-open gateway needs to have anywhere to send a request without its EPP.
   `upstream_host` and the EPP's metadata). A pool's EPP only knows its own pods (the pool-boundaries
   scenario), so a pick inside the pool means that pool's EPP was asked. The weighted Envoy is always
   a process (``--envoy=container`` runs the Stacks' own Envoys in containers, not this one).
+* GatewayFollowingEPPRouting and GatewayDestinationEndpointServed, with upstream's test plugins
+  (`needs("test-plugins")`: `harness.subject.flag_profiles.test_plugin_args` configures them in a full
+  EPP, ours included; lwepp has them built in): a request whose `test-epp-endpoint-selection` header
+  names a pod is served by that pod, and its response's `x-conformance-test-served-endpoint` (the EPP
+  echoing what Envoy reported in `envoy.lb` metadata) is that pod's endpoint. With the filter, a
+  request without the header has no candidate, so the Stack applies nothing and waits for nothing
+  itself (`apply_pool=False`): the scenario applies the pool and waits with the header.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ from harness.dataplane.envoy import EnvoyOptions
 from harness.dataplane.pool_endpoints import PoolEndpointsFollower
 from harness.dataplane.weighted_pools import WeightedPool, WeightedPoolsEnvoy
 from harness.plugin.stack_fixtures import StackFactory
-from harness.scenarios.support import cluster_of, endpoint, served_by
+from harness.scenarios.support import POD_PORT, cluster_of, endpoint, served_by
+from harness.subject import flag_profiles
 from harness.subject.foreign_epp import EppCommand
 
 pytestmark = [pytest.mark.e2e, pytest.mark.epp_agnostic]
@@ -72,9 +80,12 @@ SPLIT_CONCURRENCY = 5
 POOL_PODS = 3
 
 
-def complete(stack: Stack, http: httpx2.Client, prompt: str = "hello gateway") -> httpx2.Response:
+def complete(
+    stack: Stack, http: httpx2.Client, prompt: str = "hello gateway", headers: dict[str, str] | None = None
+) -> httpx2.Response:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
-    return http.post("/completions", json=body, headers=cluster_of(stack).objective_headers(MODEL))
+    sent = {**cluster_of(stack).objective_headers(MODEL), **(headers or {})}
+    return http.post("/completions", json=body, headers=sent)
 
 
 def received_by_pods(stack: Stack) -> int:
@@ -240,3 +251,68 @@ def test_traffic_splits_by_weight_across_two_pools_each_routed_by_its_own_epp(
         f"weighted split out of bounds: primary {observed:.3f} ({hits}), "
         f"expected {expected:.3f} ± {tolerance:.3f}"
     )
+
+
+# --- upstream's test plugins: GatewayFollowingEPPRouting, GatewayDestinationEndpointServed ----------
+SELECTION_HEADER = "test-epp-endpoint-selection"
+SERVED_RESULT_HEADER = "x-conformance-test-served-endpoint"
+SELECTED_REQUESTS = 3
+
+
+def test_plugin_stack(
+    stack_factory: StackFactory, epp_command: EppCommand | None, envoy: EnvoyOptions
+) -> tuple[Stack, list[str]]:
+    """A Stack whose EPP runs upstream's test plugins, its pool and POOL_PODS pods applied after it
+    started; the pods' endpoints ("ip:port")."""
+    profile = flag_profiles.V1 if epp_command is None else epp_command.flags
+    stack = stack_factory(
+        pods=0, models=MODELS, envoy=envoy, epp_args=list(flag_profiles.test_plugin_args(profile)),
+        apply_pool=False,
+    )  # fmt: skip
+    cluster = cluster_of(stack)
+    cluster.apply_pool()
+    for model in MODELS:
+        cluster.apply_model(model.name, model.model_name, criticality=model.criticality)
+    pods = cluster.add_pods([cluster.pod_body(f"{cluster.pool_name}-{i}") for i in range(POOL_PODS)])
+    return stack, [f"{pod.ip}:{POD_PORT}" for pod in pods]
+
+
+def selected(stack: Stack, http: httpx2.Client, endpoint: str) -> httpx2.Response:
+    """A completion whose selection header names `endpoint`'s pod (its IP, as upstream's tests send)."""
+    ip = endpoint.rsplit(":", 1)[0]
+    return complete(stack, http, f"for {ip}", headers={SELECTION_HEADER: ip})
+
+
+def served_as_asked(stack: Stack, http: httpx2.Client, wanted: str, *, echoed: bool) -> None:
+    """A request naming `wanted` is served by it (and, if `echoed`, the EPP says it was)."""
+    response = selected(stack, http, wanted)
+    assert response.status_code == 200, f"{response.status_code} {response.text[:200]!r}"
+    assert served_by(response.headers) == wanted
+    if echoed:
+        assert response.headers.get(SERVED_RESULT_HEADER) == wanted, dict(response.headers)
+
+
+@pytest.mark.needs("test-plugins")
+def test_traffic_follows_the_endpoint_the_selection_header_names(
+    stack_factory: StackFactory, epp_command: EppCommand | None
+) -> None:
+    stack, endpoints = test_plugin_stack(stack_factory, epp_command, EnvoyOptions(follow_pool_endpoints=True))
+    with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
+        for wanted in endpoints:
+            # Once the EPP and the gateway know the pod, every request naming it goes there.
+            check = functools.partial(served_as_asked, stack, http, wanted, echoed=False)
+            eventually(check, timeout=60, message=f"a request naming {wanted} is served by it")
+            served = [served_by(selected(stack, http, wanted).headers) for _ in range(SELECTED_REQUESTS)]
+            assert served == [wanted] * SELECTED_REQUESTS, f"asked for {wanted}, served by {served}"
+
+
+@pytest.mark.needs("test-plugins")
+def test_the_epp_is_told_the_endpoint_that_served(
+    stack_factory: StackFactory, epp_command: EppCommand | None
+) -> None:
+    envoy = EnvoyOptions(follow_pool_endpoints=True, response_header_mode="SEND", report_served_endpoint=True)
+    stack, endpoints = test_plugin_stack(stack_factory, epp_command, envoy)
+    with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
+        for wanted in endpoints:
+            check = functools.partial(served_as_asked, stack, http, wanted, echoed=True)
+            eventually(check, timeout=60, message=f"the EPP echoes {wanted} as the endpoint that served")

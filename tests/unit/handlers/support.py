@@ -25,7 +25,13 @@ from prometheus_client import CollectorRegistry
 from epp.api import v1, v1alpha2
 from epp.api.types import PodObject
 from epp.body import BodyScanner
-from epp.config import DEFAULT_MAX_REQUEST_BODY_BYTES, GRPCIO_TRANSPORT, H2_TRANSPORT
+from epp.config import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    GRPCIO_TRANSPORT,
+    H2_TRANSPORT,
+    NO_CONFORMANCE_HOOKS,
+    ConformanceHooks,
+)
 from epp.datastore import Datastore, PodMetrics, new_datastore
 from epp.errors import EppError
 from epp.h2 import GrpcServer
@@ -89,6 +95,8 @@ class Env:
     # The v1 protocol's knobs, as the servicer takes them (its defaults: the pick alone, subset on).
     fallbacks: int = 0
     subset_filter: bool = True
+    # Upstream's test plugins (off, as without a config naming them).
+    conformance: ConformanceHooks = NO_CONFORMANCE_HOOKS
     _servicer: ExtProcServicer | None = None
 
     def servicer(self) -> ExtProcServicer:
@@ -115,6 +123,7 @@ class Env:
             ),
             destination_fallbacks=self.fallbacks,
             endpoint_subset_filter=self.subset_filter,
+            conformance=self.conformance,
         )
 
     def _tick(self) -> float:

@@ -6,6 +6,9 @@
   a comma list or a list of strings, `ip` or `ip:port`) limits the candidates; none left is 503;
   `endpoint_subset_filter=False` (`--disable-endpoint-subset-filter`) ignores it;
 - a request whose headers end the stream is routed from its headers, within the subset;
+- upstream's test plugins, when a config names them (`epp.handlers.conformance`): the request
+  header `test-epp-endpoint-selection` limits the candidates (none without it: 503), and the
+  response headers carry back the endpoint the proxy reported as served;
 - FULL_DUPLEX_STREAMED response bodies: each chunk is handed back at once in `streamed_response`
   (Envoy forwards nothing else), and token usage is still read from JSON and SSE bodies.
 """
@@ -21,8 +24,10 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.config import GRPCIO_TRANSPORT, H2_TRANSPORT
+from epp.config import GRPCIO_TRANSPORT, H2_TRANSPORT, ConformanceHooks
+from epp.handlers.conformance import ENDPOINT_SELECTION_HEADER, SERVED_RESULT_HEADER
 from epp.handlers.responses import STREAMED_CHUNK_BYTES
+from epp.handlers.served import SERVED_KEY, SERVED_NAMESPACE
 from epp.handlers.subset import SUBSET_KEY, SUBSET_NAMESPACE
 from epp.handlers.usage import SseUsageScanner
 
@@ -206,6 +211,90 @@ def test_a_disabled_subset_filter_ignores_the_hint(subset: str) -> None:
     replies = run(env, request_headers(subset=subset), body(COMPLETION))
     assert env.scheduler.candidates == [["pod-1", "pod-2", "pod-3"]]
     assert routed_to(replies[0]) == "10.0.0.1:8000"
+
+
+# --- upstream's test plugins (gateway conformance) -------------------------------------------------
+SELECTING = ConformanceHooks(endpoint_selection_header=True)
+ECHOING = ConformanceHooks(served_endpoint_header=True)
+
+
+def selecting(value: str | None) -> pb.ProcessingRequest:
+    hdrs = {":method": "POST", ":path": "/v1/completions", "content-type": "application/json"}
+    if value is not None:
+        hdrs[ENDPOINT_SELECTION_HEADER] = value
+    return request_headers(hdrs)
+
+
+@pytest.mark.parametrize(
+    ("value", "candidates"),
+    [
+        pytest.param("10.0.0.3", ["pod-3"], id="an-ip"),
+        pytest.param("10.0.0.1:8000, 10.0.0.2", ["pod-1", "pod-2"], id="ip-port-and-ip"),
+        pytest.param("10.0.0.2,10.0.0.9", ["pod-2"], id="partly-outside-the-pool"),
+    ],
+)
+def test_the_selection_header_limits_the_candidates(value: str, candidates: list[str]) -> None:
+    env = three_pods(conformance=SELECTING)
+    replies = run(env, selecting(value), body(COMPLETION))
+    assert env.scheduler.candidates == [candidates]
+    assert routed_to(replies[0]).split(":")[0] in {f"10.0.0.{name[-1]}" for name in candidates}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(None, id="no-header"),
+        pytest.param("10.0.0.2:9000", id="right-ip-wrong-port"),
+        pytest.param("10.0.0.9", id="outside-the-pool"),
+    ],
+)
+def test_a_selection_naming_no_ready_endpoint_is_503(value: str | None) -> None:
+    env = three_pods(conformance=SELECTING)
+    replies = run(env, selecting(value), body(COMPLETION))
+    status, message, _ = immediate(replies[-1])
+    assert (status, ENDPOINT_SELECTION_HEADER in message) == (503, True), message
+    assert env.scheduler.requests == [], "nothing is scheduled"
+
+
+def test_without_the_plugin_the_selection_header_is_only_a_header() -> None:
+    env = three_pods()
+    run(env, selecting("10.0.0.9"), body(COMPLETION))
+    assert env.scheduler.candidates == [["pod-1", "pod-2", "pod-3"]]
+
+
+def served_headers(served: str | None, *, namespace: bool = True) -> pb.ProcessingRequest:
+    message = headers({":status": "200", "content-type": "application/json"}, response=True)
+    if namespace:
+        message.metadata_context.filter_metadata[SERVED_NAMESPACE].SetInParent()
+    if served is not None:
+        message.metadata_context.filter_metadata[SERVED_NAMESPACE].update({SERVED_KEY: served})
+    return message
+
+
+@pytest.mark.parametrize(
+    ("report", "echoed"),
+    [
+        pytest.param(served_headers("10.0.0.2:8000"), "10.0.0.2:8000", id="served-endpoint"),
+        pytest.param(served_headers(None), f"fail: missing {SERVED_KEY} metadata", id="no-served-key"),
+        pytest.param(
+            served_headers(None, namespace=False),
+            f"fail: missing {SERVED_NAMESPACE} metadata",
+            id="no-lb-metadata",
+        ),
+    ],
+)
+def test_the_served_endpoint_is_echoed_on_the_response(report: pb.ProcessingRequest, echoed: str) -> None:
+    env = three_pods(conformance=ECHOING)
+    replies = run(env, request_headers(), body(COMPLETION), report)
+    [reply] = [r for r in replies if r.WhichOneof("response") == "response_headers"]
+    assert dict(mutation(reply).set_headers) == {SERVED_RESULT_HEADER: echoed}
+
+
+def test_without_the_plugin_the_response_headers_are_continued_unchanged() -> None:
+    env = three_pods()
+    replies = run(env, request_headers(), body(COMPLETION), served_headers("10.0.0.2:8000"))
+    [reply] = [r for r in replies if r.WhichOneof("response") == "response_headers"]
+    assert dict(mutation(reply).set_headers) == {}
 
 
 # --- header-only requests ------------------------------------------------------------------------
