@@ -14,6 +14,7 @@ from epp.config import (
     RANDOM_PICKER,
     SCORER,
     WEIGHTED_RANDOM_PICKER,
+    ConformanceHooks,
     MetricNames,
     ProberConfig,
     SchedulerConfig,
@@ -101,6 +102,54 @@ def test_without_scheduling_plugins_the_callers_scheduler_stays() -> None:
     loaded = load({"plugins": [{"type": "metrics-data-source"}]}, scheduler=base)
     assert not loaded.scheduling
     assert loaded.scheduler == base
+
+
+QUEUE = {"type": "queue-scorer"}
+FILTER = {"type": "header-based-testing-filter"}
+VERIFIER = {"type": "destination-endpoint-served-verifier"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "hooks"),
+    [
+        pytest.param(
+            {
+                "plugins": [FILTER, VERIFIER, QUEUE],
+                "schedulingProfiles": profile(
+                    {"pluginRef": "header-based-testing-filter"}, {"pluginRef": "queue-scorer"}
+                ),
+            },
+            ConformanceHooks(endpoint_selection_header=True, served_endpoint_header=True),
+            id="both-in-a-profile",
+        ),
+        pytest.param(
+            {"plugins": [FILTER, QUEUE]},
+            ConformanceHooks(endpoint_selection_header=True),
+            id="the-filter-in-the-implied-profile",
+        ),
+        pytest.param(
+            {"plugins": [VERIFIER, QUEUE]}, ConformanceHooks(served_endpoint_header=True), id="the-verifier"
+        ),
+        pytest.param({"plugins": [QUEUE]}, ConformanceHooks(), id="neither"),
+    ],
+)
+def test_upstreams_test_plugins_turn_on_the_conformance_hooks(
+    doc: dict[str, Any], hooks: ConformanceHooks
+) -> None:
+    loaded = load(doc)
+    assert loaded.conformance == hooks
+    assert loaded.scheduler.scoring_profile.scorers == (WeightedScorer("queue", 1.0),), (
+        "the filter is no scorer"
+    )
+
+
+def test_the_test_filter_alone_leaves_the_callers_scheduler() -> None:
+    base = SchedulerConfig(kind=FILTER_TREE)
+    loaded = load(
+        {"plugins": [FILTER], "schedulingProfiles": profile({"pluginRef": FILTER["type"]})}, scheduler=base
+    )
+    assert loaded.scheduler == base
+    assert loaded.conformance.endpoint_selection_header
 
 
 def test_filter_tree_with_its_thresholds() -> None:
