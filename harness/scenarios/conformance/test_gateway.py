@@ -259,7 +259,7 @@ SERVED_RESULT_HEADER = "x-conformance-test-served-endpoint"
 SELECTED_REQUESTS = 3
 
 
-def test_plugin_stack(
+def stack_with_test_plugins(
     stack_factory: StackFactory, epp_command: EppCommand | None, envoy: EnvoyOptions
 ) -> tuple[Stack, list[str]]:
     """A Stack whose EPP runs upstream's test plugins, its pool and POOL_PODS pods applied after it
@@ -296,7 +296,7 @@ def served_as_asked(stack: Stack, http: httpx2.Client, wanted: str, *, echoed: b
 def test_traffic_follows_the_endpoint_the_selection_header_names(
     stack_factory: StackFactory, epp_command: EppCommand | None
 ) -> None:
-    stack, endpoints = test_plugin_stack(stack_factory, epp_command, EnvoyOptions(follow_pool_endpoints=True))
+    stack, endpoints = stack_with_test_plugins(stack_factory, epp_command, EnvoyOptions(follow_pool_endpoints=True))
     with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
         for wanted in endpoints:
             # Once the EPP and the gateway know the pod, every request naming it goes there.
@@ -311,7 +311,7 @@ def test_the_epp_is_told_the_endpoint_that_served(
     stack_factory: StackFactory, epp_command: EppCommand | None
 ) -> None:
     envoy = EnvoyOptions(follow_pool_endpoints=True, response_header_mode="SEND", report_served_endpoint=True)
-    stack, endpoints = test_plugin_stack(stack_factory, epp_command, envoy)
+    stack, endpoints = stack_with_test_plugins(stack_factory, epp_command, envoy)
     with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
         for wanted in endpoints:
             check = functools.partial(served_as_asked, stack, http, wanted, echoed=True)
