@@ -179,7 +179,9 @@ def weighted_envoy(stacks: Sequence[Stack], weights: Sequence[int]) -> Iterator[
         )
     # As the Stacks' own Envoys are set up for their EPP (its body modes), but list-aware with the
     # EPP fixed (one replica each).
-    options = dataclasses.replace(stacks[0].envoy.options, ext_proc_dynamic_endpoints=False)  # type: ignore[union-attr]
+    first_envoy = stacks[0].envoy
+    assert first_envoy is not None
+    options = dataclasses.replace(first_envoy.options, ext_proc_dynamic_endpoints=False)
     with WeightedPoolsEnvoy(pools, options=options) as envoy, contextlib.ExitStack() as followers:
         for stack in stacks:
             cluster = cluster_of(stack)
@@ -296,7 +298,9 @@ def served_as_asked(stack: Stack, http: httpx2.Client, wanted: str, *, echoed: b
 def test_traffic_follows_the_endpoint_the_selection_header_names(
     stack_factory: StackFactory, epp_command: EppCommand | None
 ) -> None:
-    stack, endpoints = stack_with_test_plugins(stack_factory, epp_command, EnvoyOptions(follow_pool_endpoints=True))
+    stack, endpoints = stack_with_test_plugins(
+        stack_factory, epp_command, EnvoyOptions(follow_pool_endpoints=True)
+    )
     with httpx2.Client(base_url=stack.base_url, timeout=60) as http:
         for wanted in endpoints:
             # Once the EPP and the gateway know the pod, every request naming it goes there.
