@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -237,6 +238,28 @@ def by_load_table(result: BenchResult, figure: str = "ttft_p90") -> list[str]:
     return lines
 
 
+def by_priority_table(result: BenchResult) -> list[str]:
+    """Markdown lines: TTFT p90 and shed share per objective priority, one row per load and policy
+    (medians of repeats); none when no run mixed priorities (workload `mixed-priority`)."""
+    priorities = sorted({p for run in result.runs for p in run.by_priority}, key=int, reverse=True)
+    if not priorities:
+        return []
+    header = "| load | policy | " + " | ".join(f"priority {p}: TTFT p90, shed" for p in priorities) + " |"
+    lines = [header, "|---:|---|" + "---:|" * len(priorities)]
+    for load in result.config.loads:
+        for policy in result.policies:
+            runs = [r for r in result.runs if r.policy == policy and r.load == load and r.by_priority]
+            if not runs:
+                continue
+            cells = []
+            for p in priorities:
+                ttft = statistics.median(r.by_priority.get(p, {}).get("ttft_p90", math.nan) for r in runs)
+                shed = statistics.median(r.by_priority.get(p, {}).get("shed_rate", math.nan) for r in runs)
+                cells.append(f"{ms(ttft)}, {_pct(shed)}")
+            lines.append(f"| {load:g} | {policy} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(result: BenchResult) -> str:
     lines = ["# Routing benchmark", ""]
     lines += [f"- {line}" for line in describe(result)]
@@ -252,6 +275,12 @@ def markdown(result: BenchResult) -> str:
     for row in rows(result):
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    priorities = by_priority_table(result)
+    if priorities:
+        lines.append("By objective priority (negative: sheddable; medians of repeats):")
+        lines.append("")
+        lines += priorities
+        lines.append("")
     found = ratios(result)
     if found:
         lines.append(f"Ratios at {HEADLINE_LOAD:g}x capacity (median of repeats):")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.cli.bench import report
@@ -63,3 +65,23 @@ def test_virtual_ratios_compare_with_the_issues_peers() -> None:
     assert by_name["EPP / oracle, TTFT p90"].holds is True
     goodput = by_name["EPP / best other policy, goodput"]  # the oracle's 31 is the best other
     assert (goodput.against, goodput.holds) == ("oracle", False)
+
+
+def test_a_mixed_priority_run_reports_each_priority_and_others_none() -> None:
+    result = BenchResult(BenchConfig(loads=(1.2,), repeats=1, workload_name="mixed-priority", mode="virtual"))
+    result.policies = ["epp", "round-robin"]
+    shed = {"1": {"ttft_p90": 0.02, "shed_rate": 0.0}, "-1": {"ttft_p90": 0.05, "shed_rate": 0.25}}
+    blind = {"1": {"ttft_p90": 0.9, "shed_rate": 0.0}, "-1": {"ttft_p90": 0.9, "shed_rate": 0.0}}
+    result.runs = [
+        dataclasses.replace(run("epp", 0.1), load=1.2, by_priority=shed),
+        dataclasses.replace(run("round-robin", 0.9), load=1.2, by_priority=blind),
+    ]
+    lines = report.by_priority_table(result)
+    assert lines[0] == "| load | policy | priority 1: TTFT p90, shed | priority -1: TTFT p90, shed |"
+    assert lines[2:] == [
+        "| 1.2 | epp | 20 ms, 0.0% | 50 ms, 25.0% |",
+        "| 1.2 | round-robin | 900 ms, 0.0% | 900 ms, 0.0% |",
+    ]
+    assert "By objective priority" in report.markdown(result)
+    result.runs = [run("epp", 0.1)]  # one priority only: no table
+    assert report.by_priority_table(result) == []
