@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 from collections.abc import AsyncGenerator
 
 import pytest
 
+from epp.k8s import client as client_module
 from epp.k8s.client import INFERENCE_POOLS, PODS, KubeClient, WatchEvent
 from epp.k8s.errors import ApiError, GoneError, KubeConnectionError, WatchStalledError
 from harness.cluster.builders import PodBuilder, PoolBuilder
@@ -62,20 +64,29 @@ def test_field_selector_scopes_the_list() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "error", "status"),
+    ("fault", "error", "status", "reason", "message"),
     [
-        pytest.param("403", ApiError, 403, id="forbidden"),
-        pytest.param("500", ApiError, 500, id="server-error"),
+        pytest.param(
+            "403", ApiError, 403, "Forbidden", 'pods is forbidden: User "x" cannot list', id="forbidden"
+        ),
+        pytest.param("500", ApiError, 500, "InternalError", "scripted failure", id="server-error"),
     ],
 )
-def test_list_failure_is_a_typed_error(fault: str, error: type[ApiError], status: int) -> None:
+def test_list_failure_is_a_typed_error(
+    fault: str, error: type[ApiError], status: int, reason: str, message: str
+) -> None:
     async def main() -> None:
         async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
             server.list_faults.append(fault)
             with pytest.raises(error) as caught:
                 await client.list(PODS, "ns1")
-            assert caught.value.status == status
-            assert caught.value.message
+            # The Status body's reason and message, word for word: what the EPP's log says.
+            assert (caught.value.status, caught.value.reason, caught.value.message) == (
+                status,
+                reason,
+                message,
+            )
+            assert str(caught.value) == f"{status} {reason}: {message}"
 
     run(main)
 
@@ -173,3 +184,48 @@ def test_every_request_gets_a_connection_of_its_own() -> None:
             assert len(ports) == 3, ports
 
     run(main)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "expected"),
+    [
+        pytest.param(
+            {"reason": "Expired", "message": "too old resource version"},
+            410,
+            (GoneError, 410, "Expired", "too old resource version"),
+            id="gone-with-reason",
+        ),
+        pytest.param({}, 410, (GoneError, 410, "Gone", ""), id="gone-without-reason"),
+        pytest.param(
+            {"reason": "Forbidden", "message": "no"}, 403, (ApiError, 403, "Forbidden", "no"), id="forbidden"
+        ),
+        pytest.param({"reason": None, "message": None}, 500, (ApiError, 500, "", ""), id="nulls-are-empty"),
+    ],
+)
+def test_a_status_body_becomes_a_typed_error(
+    status: dict[str, object], code: int, expected: tuple[type[ApiError], int, str, str]
+) -> None:
+    error = client_module._status_error(status, code)
+    assert (type(error), error.status, error.reason, error.message) == expected
+
+
+def test_an_error_event_without_a_code_is_a_500() -> None:
+    with pytest.raises(ApiError) as caught:
+        client_module._event(b'{"type": "ERROR", "object": {"reason": "InternalError", "message": "boom"}}')
+    assert (caught.value.status, caught.value.reason, caught.value.message) == (500, "InternalError", "boom")
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        pytest.param(b"{not json", "malformed line: b'{not json'", id="not-json"),
+        pytest.param(b'{"type": "ADDED", "object": 3}', "malformed event", id="object-not-a-mapping"),
+    ],
+)
+def test_a_malformed_watch_line_says_what_it_was(line: bytes, says: str) -> None:
+    with pytest.raises(KubeConnectionError, match=re.escape(says)):
+        client_module._event(line)
+
+
+def test_an_event_without_a_type_has_an_empty_type() -> None:
+    assert client_module._event(b'{"object": {"kind": "Pod"}}').type == ""
