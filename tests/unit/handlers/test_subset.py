@@ -55,3 +55,9 @@ def test_describe_names_the_subset_shortly() -> None:
     many = parse_subset(",".join(f"10.0.1.{i}" for i in range(20))).describe()
     assert many.endswith(",...")
     assert many.count(",") == 8
+
+
+def test_the_port_range_is_1_to_65535_and_brackets_need_an_address() -> None:
+    subset = parse_subset("10.0.0.1:1,10.0.0.1:65535,10.0.0.1:65536,10.0.0.1:0,[]:8000,[],[fd00::2]x")
+    assert subset.endpoints == {("10.0.0.1", 1), ("10.0.0.1", 65535)}
+    assert subset.hosts == frozenset(), "an empty bracket or text after it names no address"
