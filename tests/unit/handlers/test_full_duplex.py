@@ -107,6 +107,20 @@ def test_trailers_end_the_body_and_are_answered_after_it(transport: str) -> None
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_body_in_pieces_ended_by_trailers_goes_on_whole(transport: str) -> None:
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+    sent = json.dumps({"model": "food-review", "prompt": "hi there"}).encode()
+    pieces = [body(sent[:9], eos=False), body(sent[9:20], eos=False), body(sent[20:], eos=False)]
+    replies = run(routed_env(), transport, duplex_headers(), *pieces, trailers)
+    assert [r.WhichOneof("response") for r in replies] == [
+        "request_headers",
+        "request_body",
+        "request_trailers",
+    ]
+    assert streamed_body(replies[1:2]) == (sent, [False])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_bodyless_request_is_routed_from_its_headers(transport: str) -> None:
     get = {":method": "GET", ":path": "/v1/models", DEST: "6.6.6.6:22"}
     replies = run(routed_env(), transport, duplex_headers(get, eos=True))
