@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import generate_latest
 
 from epp.body import BodyScanner
+from epp.handlers.responses import MAX_MESSAGE_CHARS, one_line
 from epp.metrics import UNKNOWN_MODEL
 from harness.base.eventually import eventually_async
 
@@ -241,3 +243,18 @@ def test_headers_after_a_routed_body_get_no_second_destination() -> None:
     assert mutation(replies[0]).metadata == {"envoy.lb": {DEST: "10.0.0.1:8000"}}
     second = mutation(replies[1])
     assert (second.set_headers, second.metadata) == (frozenset(), {})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("a" * MAX_MESSAGE_CHARS, "a" * MAX_MESSAGE_CHARS, id="at-the-limit-kept"),
+        pytest.param(
+            "a" * (MAX_MESSAGE_CHARS + 1), "a" * (MAX_MESSAGE_CHARS - 3) + "...", id="over-cut-to-the-limit"
+        ),
+        pytest.param(" two\n  lines\t", "two lines", id="whitespace-collapsed"),
+    ],
+)
+def test_a_message_is_one_line_of_at_most_the_limit(text: str, expected: str) -> None:
+    assert one_line(text) == expected
+    assert len(one_line(text)) <= MAX_MESSAGE_CHARS

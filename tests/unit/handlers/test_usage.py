@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.handlers.usage import SseUsageScanner, Usage, usage_from_json
+from epp.handlers.usage import MAX_SSE_LINE_BYTES, SseUsageScanner, Usage, usage_from_json
 
 FINAL = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":11}}\n\n'
 STREAM = (
@@ -76,3 +76,32 @@ def test_overlong_line_is_dropped_not_buffered() -> None:
     scanner.feed(FINAL)
     scanner.finish()
     assert scanner.usage == Usage(7, 11)
+
+
+BOGUS = b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+
+
+def test_the_rest_of_an_overlong_line_is_never_read_as_a_line() -> None:
+    """What arrives of an over-long line after the cut would parse as usage: it is dropped up to the
+    line's newline, also at the end of the stream."""
+    for rest in (BOGUS + b"\n", BOGUS):  # ended by its newline / by the stream
+        scanner = SseUsageScanner()
+        scanner.feed(FINAL)
+        scanner.feed(b"data: " + b"x" * (MAX_SSE_LINE_BYTES + 10))
+        scanner.feed(rest)
+        scanner.finish()
+        assert scanner.usage == Usage(7, 11), rest[-1:]
+
+
+def test_after_an_overlong_line_the_rest_of_the_chunk_is_read() -> None:
+    scanner = SseUsageScanner()
+    scanner.feed(b"data: " + b"x" * (MAX_SSE_LINE_BYTES + 10))
+    scanner.feed(b"more of it\n" + FINAL)
+    scanner.finish()
+    assert scanner.usage == Usage(7, 11)
+
+
+def test_a_line_of_exactly_the_limit_still_counts() -> None:
+    line = BOGUS + b" " * (MAX_SSE_LINE_BYTES - len(BOGUS))
+    assert len(line) == MAX_SSE_LINE_BYTES
+    assert _scan([FINAL, line[:100], line[100:], b"\n"]) == Usage(1, 1)
