@@ -11,6 +11,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.config import GRPCIO_TRANSPORT, H2_TRANSPORT
 from epp.errors import ResourceExhausted
 from epp.metrics import UNKNOWN_MODEL
 from harness.base.eventually import eventually_async
@@ -213,19 +214,26 @@ def test_model_name_with_newline_stays_one_line() -> None:
     assert (status, message) == (404, "model evil model not found")
 
 
+@pytest.mark.parametrize("transport", [H2_TRANSPORT, GRPCIO_TRANSPORT])
 @pytest.mark.parametrize(
-    "payload",
+    ("payload", "details"),
     [
-        pytest.param(b"\xff\xfe garbage", id="undecodable-bytes"),
-        pytest.param(pb.ProcessingRequest().SerializeToString(), id="no-message-set"),
-        pytest.param(b"\x08\x01", id="unknown-field-only"),
+        pytest.param(b"\xff\xfe garbage", "undecodable ProcessingRequest", id="undecodable-bytes"),
+        pytest.param(
+            pb.ProcessingRequest().SerializeToString(), "unsupported ProcessingRequest: no message set",
+            id="no-message-set",
+        ),
+        pytest.param(b"\x08\x01", "unsupported ProcessingRequest: no message set", id="unknown-field-only"),
     ],
-)
-def test_garbage_gets_an_error_and_the_server_keeps_serving(payload: bytes) -> None:
+)  # fmt: skip
+def test_garbage_gets_an_error_and_the_server_keeps_serving(
+    payload: bytes, details: str, transport: str
+) -> None:
     async def scenario() -> None:
-        async with serving(routed_env().servicer()) as channel:
+        async with serving(routed_env().servicer(), transport) as channel:
             bad = await raw_exchange(channel, payload)
             assert bad.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert details in bad.details, "the gRPC status says what was wrong"
             assert bad.replies == []
             good = await exchange(channel, [headers(), body(COMPLETION)])
             assert good.code == grpc.StatusCode.OK

@@ -26,7 +26,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.config import GRPCIO_TRANSPORT, H2_TRANSPORT, ConformanceHooks
 from epp.handlers.conformance import ENDPOINT_SELECTION_HEADER, SERVED_RESULT_HEADER
-from epp.handlers.responses import STREAMED_CHUNK_BYTES
+from epp.handlers.responses import STREAMED_CHUNK_BYTES, streamed_body
 from epp.handlers.served import SERVED_KEY, SERVED_NAMESPACE
 from epp.handlers.subset import SUBSET_KEY, SUBSET_NAMESPACE
 from epp.handlers.usage import SseUsageScanner
@@ -467,3 +467,17 @@ def test_the_subset_selects_endpoints_of_a_pool_with_two_target_ports(
     env = Env(fallbacks=3).pool_v1(8000, 8001).pod("pod-1", "10.0.0.1").pod("pod-2", "10.0.0.2")
     replies = run(env, request_headers(subset=subset), body(COMPLETION))
     assert set(routed_to(replies[0]).split(",")) == endpoints
+
+
+@pytest.mark.parametrize(("size", "pieces"), [(STREAMED_CHUNK_BYTES, 1), (STREAMED_CHUNK_BYTES + 1, 2)])
+def test_a_body_is_handed_back_in_chunks_of_at_most_the_limit(size: int, pieces: int) -> None:
+    replies = [
+        pb.ProcessingResponse.FromString(r) for r in streamed_body(b"x" * size, True, phase="response_body")
+    ]
+    chunks = [r.response_body.response.body_mutation.streamed_response for r in replies]
+    assert [len(c.body) for c in chunks][:pieces] == [
+        min(size, STREAMED_CHUNK_BYTES),
+        *([1] if pieces == 2 else []),
+    ]
+    assert len(chunks) == pieces
+    assert [c.end_of_stream for c in chunks] == [False] * (pieces - 1) + [True]
