@@ -114,6 +114,7 @@ def _with_protocol_config() -> pb.ProcessingRequest:
         pytest.param(b"\x2a\x04\x0a\x00\x10\x01", id="empty-body-written-out"),
         pytest.param(b"\x2a\x02\x10\x00", id="end-of-stream-false-written-out"),
         pytest.param(b"\x2a\x06\x0a\x09abc", id="body-longer-than-its-message"),
+        pytest.param(b"\x2a\x05\x0a\x09abc", id="body-longer-than-a-message-that-fits-the-bytes"),
         pytest.param(b"\x2a\x09\x0a\x03abc", id="message-longer-than-the-bytes"),
         pytest.param(b"\x2a\xff\xff\xff\xff\xff\xff", id="length-never-ends"),
         pytest.param(b"", id="empty"),
