@@ -87,6 +87,12 @@ def _observability() -> pb.ProcessingRequest:
     return message
 
 
+def _observability_without_metadata() -> pb.ProcessingRequest:
+    message = chunk_message(b"data", True, envoy_metadata=False)
+    message.observability_mode = True
+    return message
+
+
 def _without_message() -> pb.ProcessingRequest:
     message = chunk_message(b"data", True)
     message.response_body.end_of_stream_without_message = True
@@ -107,6 +113,10 @@ def _with_protocol_config() -> pb.ProcessingRequest:
         ),
         pytest.param(_metadata_then(_observability()).SerializeToString(), id="metadata-then-observability"),
         pytest.param(_observability().SerializeToString(), id="observability-mode"),
+        pytest.param(
+            _observability_without_metadata().SerializeToString(),
+            id="observability-mode-right-after-the-body",
+        ),
         pytest.param(_without_message().SerializeToString(), id="end-of-stream-without-message"),
         pytest.param(_with_protocol_config().SerializeToString(), id="protocol-config"),
         pytest.param(headers({":status": "200"}, response=True).SerializeToString(), id="response-headers"),
