@@ -160,6 +160,10 @@ def test_the_endpoint_that_served_holds_the_request_and_its_prefix(
             await call.write(served_report(served))
             await call.read()
             assert {n: pod(e, n).dispatched.count for n in counted} == counted
+            # The one holding the request holds its target model too (the LoRA scorer reads it).
+            assert {n: pod(e, n).dispatched.models for n in counted} == {
+                n: frozenset({"food-review-lora"}) if c else frozenset() for n, c in counted.items()
+            }
             holder = e.datastore.prefix_matches(block_hashes(LONG_PROMPT, "food-review-lora"))
             holders = {key.name for key, blocks in holder.items() if blocks}
             assert holders == {n for n, c in counted.items() if c} | {"pod-1"}
