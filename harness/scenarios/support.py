@@ -12,11 +12,13 @@ from typing import Any
 
 import httpx2
 import openai
+import pytest
 
 from harness.base.eventually import eventually
 from harness.beds.cluster import Cluster
 from harness.beds.stack import Stack
 from harness.sim import SERVED_BY_HEADER
+from harness.subject.foreign_epp import EppCommand
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 POD_PORT = 8000
@@ -175,3 +177,13 @@ def requests_by_model(stack: Stack) -> dict[str, dict[str, int]]:
 
 def total_requests(stack: Stack) -> int:
     return sum(sum(counts.values()) for counts in requests_by_model(stack).values())
+
+
+def skip_unless_two_can_run(epp_command: EppCommand | None) -> None:
+    """Skip, as not applicable, a scenario that runs two of the EPP under test on this host at once
+    (a Stack per pool) when that EPP always binds fixed ports (upstream v0.3.0's :8080)."""
+    if epp_command is not None and epp_command.fixed_ports:
+        pytest.skip(
+            f"not applicable: {epp_command.name} always binds port(s) {epp_command.fixed_ports}, so two "
+            "of it (one per pool) cannot run on one host"
+        )

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from epp.pickerconfig import API_VERSION as PICKER_CONFIG_API_VERSION
+from epp.pickerconfig import KIND as PICKER_CONFIG_KIND
+
 
 @dataclass(frozen=True)
 class FlagProfile:
@@ -128,9 +131,9 @@ PROFILES: Final = {profile.name: profile for profile in (V0_3, V1, LWEPP)}
 # a full EPP: the `test-epp-endpoint-selection` header chooses the endpoint (`header-based-testing-filter`,
 # then the highest score of no scorer: any of those named), and the response carries back the
 # endpoint the proxy reported as served (`destination-endpoint-served-verifier`).
-TEST_PLUGINS_CONFIG: Final = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
+TEST_PLUGINS_CONFIG: Final = f"""\
+apiVersion: {PICKER_CONFIG_API_VERSION}
+kind: {PICKER_CONFIG_KIND}
 plugins:
 - type: header-based-testing-filter
 - type: destination-endpoint-served-verifier

@@ -58,7 +58,7 @@ from harness.dataplane.envoy import EnvoyOptions
 from harness.dataplane.pool_endpoints import PoolEndpointsFollower
 from harness.dataplane.weighted_pools import WeightedPool, WeightedPoolsEnvoy
 from harness.plugin.stack_fixtures import StackFactory
-from harness.scenarios.support import POD_PORT, cluster_of, endpoint, served_by
+from harness.scenarios.support import POD_PORT, cluster_of, endpoint, served_by, skip_unless_two_can_run
 from harness.subject import flag_profiles
 from harness.subject.foreign_epp import EppCommand
 
@@ -200,11 +200,7 @@ def served_pools(envoy: WeightedPoolsEnvoy, entries: Sequence[dict[str, Any]]) -
 def test_traffic_splits_by_weight_across_two_pools_each_routed_by_its_own_epp(
     stack_factory: StackFactory, control_plane: ClusterAccess, epp_command: EppCommand | None
 ) -> None:
-    if epp_command is not None and epp_command.fixed_ports:
-        pytest.skip(
-            f"not applicable: {epp_command.name} always binds port(s) {epp_command.fixed_ports}, so two "
-            "of it (one per pool) cannot run on one host"
-        )
+    skip_unless_two_can_run(epp_command)
     primary = stack_factory(pods=POOL_PODS, models=MODELS, envoy=EnvoyOptions(follow_pool_endpoints=True))
     options = dataclasses.replace(primary.options, pool_name=SECONDARY_POOL, models=SECONDARY_MODELS)
     with Stack(control_plane, options) as secondary, weighted_envoy((primary, secondary), WEIGHTS) as envoy:

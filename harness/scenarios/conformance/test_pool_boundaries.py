@@ -24,7 +24,7 @@ from harness.cluster.builders import ModelBuilder
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.releases import V1, V1ALPHA2
 from harness.plugin.stack_fixtures import StackFactory
-from harness.scenarios.support import CLIENT_TIMEOUT_S, cluster_of
+from harness.scenarios.support import CLIENT_TIMEOUT_S, cluster_of, skip_unless_two_can_run
 from harness.subject.foreign_epp import EppCommand
 
 pytestmark = [pytest.mark.e2e, pytest.mark.epp_agnostic]
@@ -46,11 +46,7 @@ def complete(stack: Stack, model: str) -> httpx2.Response:
 def test_two_pools_in_one_namespace_each_with_its_epp_never_pick_each_others_pods(
     stack_factory: StackFactory, control_plane: ClusterAccess, epp_command: EppCommand | None
 ) -> None:
-    if epp_command is not None and epp_command.fixed_ports:
-        pytest.skip(
-            f"not applicable: {epp_command.name} always binds port(s) {epp_command.fixed_ports}, so two "
-            "of it cannot run on one host"
-        )
+    skip_unless_two_can_run(epp_command)
     stack = stack_factory(pods=1, models=MODELS)  # one pod each is enough to be picked wrongly
     options = dataclasses.replace(stack.options, pool_name=OTHER_POOL, models=OTHER_MODELS)
     with Stack(control_plane, options) as other:

@@ -9,6 +9,7 @@ from typing import Generic, TypeVar
 
 from epp.api.types import NamespacedName, Objective, PodObject, PoolRef
 from epp.k8s.cache_reader import CacheReader, EmptyCache
+from harness.cluster.releases import V1
 
 T = TypeVar("T")
 
@@ -29,7 +30,7 @@ def pod(namespace: str, name: str, **labels: str) -> PodObject:
 
 
 def objective(namespace: str, name: str) -> Objective:
-    return Objective(NamespacedName(namespace, name), PoolRef("inference.networking.k8s.io", "pool"))
+    return Objective(NamespacedName(namespace, name), PoolRef(V1.pool_group, "pool"))
 
 
 def test_pods_are_those_of_the_namespace_with_every_selector_label_sorted() -> None:
