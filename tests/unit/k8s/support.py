@@ -46,3 +46,31 @@ class BlockingSleep(RecordingSleep):
     async def __call__(self, delay: float) -> None:
         self.delays.append(delay)
         await asyncio.Event().wait()
+
+
+class Timer:
+    def __init__(self, delay: float, callback: Callable[[], None]) -> None:
+        self.delay = delay
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualTimers:
+    """A call_later that only records; the test decides when a retry fires."""
+
+    def __init__(self) -> None:
+        self.timers: list[Timer] = []
+
+    def __call__(self, delay: float, callback: Callable[[], None]) -> Timer:
+        timer = Timer(delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def fire_all(self) -> None:
+        pending = [t for t in self.timers if not t.cancelled]
+        self.timers = []
+        for timer in pending:
+            timer.callback()

@@ -6,44 +6,15 @@ Retries are scheduled through an injected `call_later`, so tests fire them by ha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.workqueue import QueueShutDown, WorkQueue
 
-from .support import WAIT, run
+from .support import WAIT, ManualTimers, run
 
 NO_JITTER = BackoffPolicy(initial=0.05, maximum=0.3, factor=2.0, jitter=0.0)
-
-
-class Timer:
-    def __init__(self, delay: float, callback: Callable[[], None]) -> None:
-        self.delay = delay
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class ManualTimers:
-    """A call_later that only records; the test decides when a retry fires."""
-
-    def __init__(self) -> None:
-        self.timers: list[Timer] = []
-
-    def __call__(self, delay: float, callback: Callable[[], None]) -> Timer:
-        timer = Timer(delay, callback)
-        self.timers.append(timer)
-        return timer
-
-    def fire_all(self) -> None:
-        pending = [t for t in self.timers if not t.cancelled]
-        self.timers = []
-        for timer in pending:
-            timer.callback()
 
 
 def queue(timers: ManualTimers | None = None) -> WorkQueue[str]:
