@@ -183,13 +183,7 @@ def run_benchmark(
             report.planned(len(config.loads) * config.repeats * len(started))
             for load_index, load in enumerate(config.loads):
                 for repeat in range(config.repeats):
-                    spec = replace(
-                        config.workload,
-                        requests=config.requests,
-                        rate=load * result.capacity_rps,
-                        seed=config.seed + 1000 * repeat + load_index,
-                    )
-                    trace = generate(spec)
+                    trace = generate(trace_spec(config, result.capacity_rps, load_index, repeat))
                     shift = repeat % max(1, len(started))
                     for policy in started[shift:] + started[:shift]:
                         run = replay_once(pool, policy, trace.requests, config, load, repeat)
@@ -200,6 +194,19 @@ def run_benchmark(
                 policy.stop()
     result.wall_s = time.monotonic() - began
     return result
+
+
+def trace_spec(config: BenchConfig, capacity_rps: float, load_index: int, repeat: int) -> WorkloadSpec:
+    """The trace of one (load, repeat): its own seed, at that load times the measured capacity.
+
+    Shared with the virtual replay of a live run (``virtual.replica``), which must replay the very
+    same requests at the very same times."""
+    return replace(
+        config.workload,
+        requests=config.requests,
+        rate=config.loads[load_index] * capacity_rps,
+        seed=config.seed + 1000 * repeat + load_index,
+    )
 
 
 def replay_once(
