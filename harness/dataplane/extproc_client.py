@@ -100,7 +100,14 @@ class ExtProcClient:
         self.close()
 
     def exchange(self, messages: Sequence[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
-        """Send each message after the previous reply; stop early on an ImmediateResponse."""
+        """Send each message after the previous reply; stop early on an ImmediateResponse.
+
+        Then half-close the stream, as Envoy does when the HTTP stream is done, and read until the
+        EPP ends it: the EPP releases what the stream held (the request's in-flight count on its pod)
+        before it ends the stream, so when this returns that release has happened. A cancel instead
+        let the next request be scheduled while the last one still counted in flight on its pod
+        (a routing test then saw its lightly loaded pod lose to a busier one).
+        """
         outbox: queue.Queue[object] = queue.Queue()
 
         def requests() -> Iterator[pb.ProcessingRequest]:
@@ -118,6 +125,8 @@ class ExtProcClient:
                 if reply.HasField("immediate_response") or not pending:
                     break
                 outbox.put(pending.pop(0))
+            outbox.put(_END)
+            replies.extend(call)  # nothing more is expected; ends when the EPP ends the stream
         finally:
             outbox.put(_END)
             call.cancel()

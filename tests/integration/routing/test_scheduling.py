@@ -119,7 +119,8 @@ def datastore_summary(bed: TestBed) -> str:
         m, age = p["metrics"], p["metricsAgeSeconds"]
         lines.append(
             f"{p['name']} {p['address']}: waiting={m['waitingQueueSize']} kv={m['kvCacheUsagePercent']}"
-            f" loras={m['activeModels']} age={'never' if age is None else f'{age:.2f}s'}"
+            f" loras={m['activeModels']} inFlight={p['inFlight']}"
+            f" age={'never' if age is None else f'{age:.2f}s'}"
         )
     return "datastore: " + "; ".join(lines)
 
@@ -135,7 +136,9 @@ def test_routing_picks_the_expected_pod(hermetic: TestBed, case: Case) -> None:
             continue
         assert result.status == 200, result.message
         assert result.endpoint == result.header_endpoint
-        assert hermetic.pod_for_endpoint(result.endpoint) == case.want_pod, datastore_summary(hermetic)
+        assert hermetic.pod_for_endpoint(result.endpoint) == case.want_pod, (
+            f"request {i}: {datastore_summary(hermetic)}"
+        )
         assert result.endpoint == f"{hermetic.pods[case.want_pod].ip}:8000"
         assert result.body is not None
         sent = json.loads(result.body)
