@@ -7,12 +7,17 @@ claimed by an exclusive ``flock`` on ``<cache>/ports/port-<N>.lock``; a candidat
 elsewhere is skipped. The lock is held until ``release()``; if the holder dies, the kernel drops the
 lock, so a reservation never outlives its process. Lock files are never deleted (deleting a lock file
 while someone may be opening it would let two holders lock two different inodes).
+
+Candidates come from below the kernel's ephemeral port range (``ip_local_port_range``), not from
+binding port 0: a port in that range can also be taken, before the child binds it, as the source
+port of any outgoing connection on the same address, which no lock can prevent.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import random
 import socket
 import time
 from pathlib import Path
@@ -23,6 +28,13 @@ from harness.base.binaries import cache_root
 
 LOOPBACK: Final = "127.0.0.1"
 _ATTEMPTS: Final = 100
+_EPHEMERAL_RANGE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LINUX_EPHEMERAL: Final = (32768, 60999)
+# Reserved ports are drawn from [_LOWEST_PORT, start of the ephemeral range): above the well-known
+# and commonly fixed ports (etcd 2379, the EPP's 9002, ...), below what the kernel uses as source ports.
+_LOWEST_PORT: Final = 10000
+_MIN_ROOM: Final = 1000
+_random = random.SystemRandom()
 
 
 class PortReservationError(RuntimeError):
@@ -85,11 +97,37 @@ def reserve_port(host: str = LOOPBACK, lock_dir: Path | None = None) -> PortRese
     )
 
 
+def ephemeral_port_range(path: Path = _EPHEMERAL_RANGE) -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux's default if unreadable)."""
+    try:
+        low, high = (int(field) for field in path.read_text().split())
+    except (OSError, ValueError):
+        return _LINUX_EPHEMERAL
+    return low, high
+
+
 def _free_port(host: str) -> int:
+    """A port free on ``host`` now, below the kernel's ephemeral range when there is room for it.
+
+    A port inside that range (what binding port 0 hands out) can be taken between this check and
+    the child's bind as the *source* port of any outgoing connection on the same address (a scrape,
+    a watch, a probe): no lock file prevents that, and the child then fails with EADDRINUSE (seen in
+    CI: an EPP's metrics port). The kernel never picks a source port outside the range.
+    """
+    low, _ = ephemeral_port_range()
+    if low - _LOWEST_PORT >= _MIN_ROOM:
+        for _ in range(_ATTEMPTS):
+            port = _random.randrange(_LOWEST_PORT, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue  # in use (or in TIME_WAIT): another candidate
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def claim_port(port: int, wait: float = 0.0, lock_dir: Path | None = None) -> PortReservation:

@@ -103,3 +103,31 @@ def test_a_fixed_port_bound_outside_the_harness_is_an_error(tmp_path: Path) -> N
         port = squatter.getsockname()[1]
         with pytest.raises(PortReservationError, match="in use outside the harness"):
             claim_port(port, lock_dir=tmp_path)
+
+
+def test_reserved_ports_are_never_ones_the_kernel_hands_out_as_source_ports(tmp_path: Path) -> None:
+    """An outgoing connection takes its source port from the ephemeral range; a reserved port there
+    could be taken that way before the child binds it (CI saw an EPP fail with EADDRINUSE)."""
+    low, high = ports.ephemeral_port_range()
+    held = [reserve_port(lock_dir=tmp_path) for _ in range(50)]
+    try:
+        inside = [r.port for r in held if low <= r.port <= high]
+        assert inside == [], f"reserved inside the ephemeral range {low}-{high}: {inside}"
+    finally:
+        for reservation in held:
+            reservation.release()
+
+
+def test_the_ephemeral_range_is_read_from_the_kernel_file(tmp_path: Path) -> None:
+    custom = tmp_path / "ip_local_port_range"
+    custom.write_text("20000\t29999\n")
+    assert ports.ephemeral_port_range(custom) == (20000, 29999)
+    assert ports.ephemeral_port_range(tmp_path / "missing") == (32768, 60999)
+
+
+def test_with_no_room_below_the_ephemeral_range_any_free_port_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ports, "ephemeral_port_range", lambda: (1024, 65535))
+    with reserve_port(lock_dir=tmp_path) as reservation, socket.socket() as sock:
+        sock.bind((reservation.host, reservation.port))
