@@ -359,6 +359,22 @@ class Stack(StartStop):
             assert len(fresh) == count, f"{len(fresh)}/{count} pods scraped"
 
         eventually(scraped, timeout=timeout, message="EPP scraped every pod")
+        self.wait_gateway_follows_pool(timeout)
+
+    def wait_gateway_follows_pool(self, timeout: float = 30.0) -> None:
+        """Until a list-aware Envoy holds exactly the pool's endpoints as the API has them now (its
+        admin ``/clusters``, not the file the follower wrote). Such an Envoy routes only to hosts it
+        holds: a pod the EPP already routes to but Envoy has not applied yet is "no healthy upstream"
+        (503). Nothing to wait for when Envoy reads the destination address itself (ORIGINAL_DST)."""
+        follower, envoy = self.pool_endpoints, self.envoy
+        if follower is None or envoy is None:
+            return
+
+        def applied() -> None:
+            wanted, held = follower.read(), envoy.cluster_hosts()
+            assert held == wanted, f"Envoy holds {list(held)}, the pool has {list(wanted)}"
+
+        eventually(applied, timeout=timeout, message="the gateway follows the pool's endpoints")
 
 
 def gateway_options(options: EnvoyOptions, pool: Mapping[str, Any]) -> EnvoyOptions:

@@ -1200,6 +1200,20 @@ class Envoy(StartStop):
             stats = json.load(response)["stats"]
         return sum(int(s.get("value", 0)) for s in stats)
 
+    def cluster_hosts(self, cluster: str = MODEL_SERVERS_CLUSTER) -> tuple[str, ...]:
+        """The "ip:port" hosts Envoy holds for ``cluster`` now (its admin ``/clusters``), sorted: what
+        it has applied, not what was last written to its endpoints file."""
+        with urllib.request.urlopen(f"{self.admin_url}/clusters?format=json", timeout=5) as response:
+            statuses = json.load(response).get("cluster_statuses") or []
+        hosts = []
+        for status in statuses:
+            if status.get("name") != cluster:
+                continue
+            for host in status.get("host_statuses") or []:
+                address = (host.get("address") or {}).get("socket_address") or {}
+                hosts.append(f"{address.get('address')}:{address.get('port_value')}")
+        return tuple(sorted(hosts))
+
     def flushed_access_log(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """The access log once it holds an entry for every request Envoy has completed (it flushes
         every ``ACCESS_LOG_FLUSH_MS``); AssertionError if it does not within `timeout`."""

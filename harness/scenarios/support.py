@@ -102,7 +102,8 @@ def cluster_of(stack: Stack) -> Cluster:
 
 
 def wait_routable(stack: Stack, pods: Sequence[str], timeout: float = 15.0) -> None:
-    """Settle, then until the EPP's datastore holds exactly ``pods``, each with metrics scraped.
+    """Settle, then until the EPP's datastore holds exactly ``pods``, each with metrics scraped, and
+    a list-aware gateway holds their endpoints too (`Stack.wait_gateway_follows_pool`).
 
     Settling first makes "exactly" mean something for the pods that must NOT be there: the EPP has
     applied every pod write the test made, so a pod it would wrongly add is already in the view.
@@ -124,6 +125,7 @@ def wait_routable(stack: Stack, pods: Sequence[str], timeout: float = 15.0) -> N
         assert not unscraped, f"not scraped yet: {unscraped}"
 
     eventually(check, timeout=timeout, message=f"EPP routes to exactly {sorted(pods)}")
+    stack.wait_gateway_follows_pool(timeout)
 
 
 def wait_queues_seen(stack: Stack, queues: Mapping[str, int], timeout: float = 15.0) -> None:
