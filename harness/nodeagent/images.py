@@ -143,10 +143,17 @@ class PauseRuntime:
 
 
 def pause(argv: Sequence[str]) -> int:
-    """The pause container's program when there is no ``sleep`` binary: wait for a signal."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """The pause container's program when there is no ``sleep`` binary: wait for a signal; on SIGTERM
+    or SIGINT exit 0, as registry.k8s.io/pause does (and as the zygote's children do when stopped
+    before they start)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
     while True:
         signal.pause()
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 @dataclass(frozen=True)

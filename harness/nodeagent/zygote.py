@@ -23,6 +23,12 @@ Protocol: one JSON object per line; requests on stdin, replies and events on std
     <- {"exited": 1234, "code": 0} | {"exited": 1234, "signal": 9}
 
 When stdin closes (the agent is gone) every child is killed and this process exits.
+
+Stopping a container at once: SIGTERM is blocked across the fork and unblocked in the child once it
+has its disposition, so a SIGTERM sent as soon as the pid is known (a failing liveness probe on a
+container still starting) is never taken by a default handler in between. A Python entry that gets
+it before it has set up its own handling exits 0, as the simulator does on SIGTERM once serving;
+an exec'd program gets it with the default disposition, as a freshly started program would.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NoReturn
 
 _MAX_FD: Final = 1024
+
+
+def _stop_before_start(signum: int, frame: object) -> NoReturn:
+    """SIGTERM in a forked Python entry that has not installed its own handler yet: a clean exit."""
+    raise SystemExit(0)
 
 
 def resolve(entry: str) -> Callable[[Sequence[str]], int | None]:
@@ -113,12 +124,17 @@ class Zygote:
         env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
         log = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         entry = resolve(str(request["entry"])) if request["op"] == "spawn" else None
+        # SIGTERM is held across the fork until the child has its own disposition for it (`_child`):
+        # a stop sent the instant the pid is known is neither lost nor taken by the zygote's default.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
             pid = os.fork()
         except BaseException:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             os.close(log)
             raise
         if pid:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             os.close(log)
             return pid
         self._child(entry, argv, env, log, str(request.get("cwd") or "/"))  # never returns
@@ -134,8 +150,12 @@ class Zygote:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
+            # An exec'd program starts with the default; a Python entry told to stop before it has set
+            # up its own handling (the simulator's graceful stop) exits 0, as it would once running.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if entry is None else _stop_before_start)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.dup2(log, 1)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.base.ports import reserve_port
 from harness.nodeagent.runtime import Executable, Launcher, LauncherGone, PythonEntry, StartFailed
 
 PAUSE = PythonEntry("harness.nodeagent.images:pause", ())
@@ -41,8 +42,13 @@ def test_forked_entry_points_run_report_their_exit_and_take_signals(tmp_path: Pa
             assert alive(paused.pid)
             await launcher.signal(paused, signal.SIGTERM)
             status = await asyncio.wait_for(paused.exited, 10)
-            assert (status.signal, status.container_exit_code) == (signal.SIGTERM, 143)
-            await launcher.signal(paused, signal.SIGKILL)  # already reaped: nothing is signalled
+            assert (status.code, status.signal) == (0, None), "pause exits 0 on SIGTERM"
+
+            killed = await launcher.run(PAUSE, env={}, log_file=tmp_path / "k.log", cwd=tmp_path)
+            await launcher.signal(killed, signal.SIGKILL)
+            status = await asyncio.wait_for(killed.exited, 10)
+            assert (status.signal, status.container_exit_code) == (signal.SIGKILL, 137)
+            await launcher.signal(killed, signal.SIGKILL)  # already reaped: nothing is signalled
         finally:
             await launcher.close()
 
@@ -86,3 +92,32 @@ def test_an_entry_point_that_cannot_be_imported_is_a_start_failure(tmp_path: Pat
             await launcher.close()
 
     asyncio.run(main())
+
+
+def test_a_simulator_told_to_stop_as_it_starts_exits_cleanly(tmp_path: Path) -> None:
+    """The simulator exits 0 on SIGTERM (README: a graceful stop), also when the stop comes before it
+    has set up its own signal handling: a liveness probe failing from the start kills a container
+    within a few probe periods, and CI saw such a stop reported as 143 instead."""
+
+    async def main() -> list[tuple[int | None, int | None]]:
+        launcher = Launcher(("harness.sim._cli",), tmp_path / "launcher.log")
+        await launcher.start()
+        statuses = []
+        try:
+            for attempt in range(5):
+                with reserve_port() as port:
+                    argv = ("--port", str(port.port), "--admin-port", "-1")
+                    started = await launcher.run(
+                        PythonEntry("harness.sim._cli:main", argv),
+                        env={},
+                        log_file=tmp_path / f"sim-{attempt}.log",
+                        cwd=tmp_path,
+                    )
+                    await launcher.signal(started, signal.SIGTERM)  # at once: before it serves
+                    status = await asyncio.wait_for(started.exited, 10)
+                    statuses.append((status.code, status.signal))
+        finally:
+            await launcher.close()
+        return statuses
+
+    assert asyncio.run(main()) == [(0, None)] * 5
