@@ -25,7 +25,8 @@ What bounds a peer's cost (``Limits``; GOAWAY ENHANCE_YOUR_CALM past a rate or c
   reservations always fit in the rest of the window: the connection never stalls;
 - output: reading stops while the transport's write buffer is above its high-water mark, and control
   replies (PING and SETTINGS ACKs, RST_STREAM) queued behind a peer that does not read are capped;
-- frame rates: SETTINGS, PING, RST_STREAM (and refused streams), empty DATA and CONTINUATION;
+- frame rates: SETTINGS, PING, RST_STREAM of a stream not answered yet (and refused streams), empty
+  DATA and CONTINUATION;
 - work per frame: no control frame walks the open streams (send windows are relative to the
   peer's initial window; only streams a WINDOW_UPDATE or SETTINGS unblocks are revisited);
 - time (with a ``Clock``): the preface, a header block (or any non-DATA frame) left incomplete, an
@@ -443,12 +444,18 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(f.PROTOCOL_ERROR, "RST_STREAM on stream 0")
         if len(payload) != 4:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
-        self._spend(self._reset_rate, "RST_STREAM")
         stream = self._streams.pop(stream_id, None)
         if stream is None:
             if stream_id > self._last_stream:
                 raise ConnectionError_(f.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
-            return
+            return  # a stream we finished: its work is done, a reset undoes nothing
+        if not stream.headers_sent:
+            # Only a stream abandoned before any answer counts against the rate: that is a rapid
+            # reset (CVE-2023-44487), work started and thrown away. Envoy itself resets ext_proc
+            # streams it has had its answers on, once per request: counting those closed Envoy's
+            # connection past 1,000 requests a second (in-flight requests failed, then a new
+            # connection and TLS handshake).
+            self._spend(self._reset_rate, "RST_STREAM")
         self._closed_streams.add(stream_id, CLOSED_BY_PEER)
         self._drop(stream)
         self._check_idle()

@@ -18,6 +18,7 @@ import pytest
 
 from harness.beds.stack import BASE_MODEL, Stack, StackOptions
 from harness.plugin.core import namespace_name
+from harness.plugin.stack_fixtures import StackFactory
 from harness.scenarios.support import cluster_of, wait_routable
 from harness.sim import SimConfig
 from harness.stress import h2_attacks as a
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.e2e
 
 POD = "attacked-0"
 SHORT_TIMEOUT = "1s"
+FEW_RESETS = 5
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +97,29 @@ def test_the_command_line_prints_what_the_epp_answered(
     port, server_name = str(stack.epp.grpc_port), stack.epp.server_name
     a.main(["--port", port, "--ca", str(ca), "--server-name", server_name, "--only", "malformed-preface"])
     assert capsys.readouterr().out.split()[:2] == ["malformed-preface", f"goaway={a.PROTOCOL_ERROR}"]
+
+
+def test_envoys_own_stream_resets_never_count_as_a_flood(stack_factory: StackFactory) -> None:
+    """Envoy resets the ext_proc stream of a request it has had its answers on, once per request: at
+    a few thousand requests a second, past the default 1,000 resets a second, counting those ended
+    Envoy's connection (ENHANCE_YOUR_CALM) and failed the requests in flight on it. Here the EPP
+    allows 5 resets a second and is sent 80 requests, 8 at a time, in well under a second."""
+    stack = stack_factory(
+        pods=0,
+        sim_config=SimConfig(model=BASE_MODEL, time_scale=0.001),
+        epp_args=(f"--h2-max-resets-per-second={FEW_RESETS}",),
+    )
+    if stack.epp is None:
+        pytest.skip("the reset limit is our EPP's (--epp-command runs another EPP)")
+    cluster_of(stack).add_pods([cluster_of(stack).pod_body(POD)])
+    wait_routable(stack, [POD])
+    headers = cluster_of(stack).objective_headers(BASE_MODEL)
+
+    async def burst() -> None:
+        async with httpx2.AsyncClient(base_url=stack.base_url, timeout=30) as http:
+            for _ in range(10):
+                await asyncio.gather(*(ask(http, headers) for _ in range(8)))
+
+    asyncio.run(burst())
+    log = stack.epp.log_tail(2000)
+    assert "over the rate limit" not in log, log

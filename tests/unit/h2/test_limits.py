@@ -339,6 +339,32 @@ FLOODS = [
         f.ENHANCE_YOUR_CALM,
         id="rapid-reset",
     ),
+    # Envoy resets each ext_proc stream it has had its answers on, once per request: never a flood.
+    pytest.param(
+        Limits(resets_per_second=3),
+        b"".join(
+            headers(i) + data(i, grpc_message(b"ask")) + f.rst_stream(i, f.CANCEL) for i in range(1, 41, 2)
+        ),
+        None,
+        id="resets-of-answered-streams",
+    ),
+    pytest.param(
+        Limits(resets_per_second=3),
+        b"".join(
+            headers(i) + data(i, grpc_message(b"silent")) + f.rst_stream(i, f.CANCEL) for i in (1, 3, 5, 7)
+        ),
+        f.ENHANCE_YOUR_CALM,
+        id="resets-of-streams-fed-but-not-answered",
+    ),
+    pytest.param(
+        Limits(resets_per_second=3),
+        b"".join(
+            headers(i) + data(i, grpc_message(b"end"), end_stream=True) + f.rst_stream(i, f.CANCEL)
+            for i in range(1, 41, 2)
+        ),
+        None,
+        id="resets-of-finished-streams",
+    ),
     pytest.param(
         Limits(empty_frames_per_second=3), _stream_and(data(1, b"") * 3), None, id="empty-data-at-the-rate"
     ),
