@@ -14,12 +14,14 @@ All paths go to the same simulated vLLM pod:
   ``--compare-upstream-streaming``.
 
 The simulator is a pod the node agent runs (its own process) with a tiny ``time_scale`` and enough
-slots never to be the bottleneck. Load comes from aiohttp in this process: latency at 1 request in
-flight (p50/p99; an EPP's added latency is the difference to the direct Envoy) and throughput at 32
-in flight. Rounds alternate the order of the paths so drift hits all alike. CPU per request is read
-from /proc (user + system time of the EPP process, all its threads, and of its Envoy) over each
-measurement; RSS at the end. Prints figures, asserts nothing. Targets (issue 13): ours ≤ upstream on
-added latency, ≥ on requests/s at 32 in flight.
+slots never to be the bottleneck. Latency at 1 request in flight comes from aiohttp in this process
+(p50/p99; an EPP's added latency is the difference to the direct Envoy); throughput at 32 in flight
+from nghttp2's h2load (`load_h2load`; ``--load-generator aiohttp`` for this process's client, which
+on 2 cores takes as much CPU per request as the EPPs it compares). Rounds alternate the order of the
+paths so drift hits all alike. CPU per request is read from /proc (user + system time of the EPP
+process, all its threads, of its Envoy and of the simulator) and from the client's own usage over
+each measurement, and printed per process; RSS at the end. Prints figures, asserts nothing.
+Targets (issue 13): ours ≤ upstream on added latency, ≥ on requests/s at 32 in flight.
 
     .venv/bin/python benchmarks/bench_e2e_latency.py                      # ours only
     .venv/bin/python benchmarks/bench_e2e_latency.py --compare-upstream   # + upstream v0.3.0 (built
@@ -43,6 +45,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import resource
 import shlex
 import statistics
 import sys
@@ -52,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import load_h2load  # beside this file
 
 from harness.beds.stack import BASE_MODEL, ModelSpec, Stack, StackOptions
 from harness.cluster import source_build
@@ -68,6 +72,9 @@ MODEL = BASE_MODEL
 BODY = b'{"model": "%s", "prompt": "Say hi.", "max_tokens": 1}' % MODEL.encode()
 HEADERS = {"Content-Type": "application/json"}
 HIGH_CONCURRENCY = 32
+# The client of the throughput runs: nghttp2's h2load (C, a few tens of µs of CPU per request) or this
+# process's aiohttp (several hundred µs: on 2 cores it takes CPU from the path it measures).
+H2LOAD, AIOHTTP = "h2load", "aiohttp"
 # The ext_proc cluster of the direct Envoy is defined but never called.
 UNUSED_EXT_PROC = "127.0.0.1:9"
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -106,6 +113,9 @@ class Path_:
     epp_pid: int | None = None
     envoy_pid: int | None = None
     is_epp: bool = False
+    sim_pid: int | None = None
+    ours: bool = False  # our EPP (any set-up)
+    full_duplex: bool = False  # its Envoy sends the request body FULL_DUPLEX_STREAMED
 
 
 @dataclass
@@ -115,9 +125,9 @@ class PathStats:
     c32_requests: int = 0
     c32_errors: int = 0
     c32_seconds: float = 0.0
-    # CPU seconds spent while measuring, per phase: (EPP, Envoy)
-    c1_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    c32_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    # CPU seconds spent while measuring, per phase: EPP, Envoy, the load generator, the simulator
+    c1_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    c32_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
     rss_mib: float = 0.0
     hwm_mib: float = 0.0
 
@@ -140,12 +150,27 @@ class PathStats:
         return 1e6 * cpu[which] / count if count else float("nan")
 
 
+EPP, ENVOY, CLIENT, SIM = range(4)  # indexes of PathStats.c1_cpu / c32_cpu
+
+
+def own_cpu_seconds() -> float:
+    """This process's CPU time: the aiohttp load generator's (with the little else it runs)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 @contextlib.contextmanager
 def cpu_meter(path: Path_, into: list[float]) -> Iterator[None]:
-    before = (cpu_seconds(path.epp_pid), cpu_seconds(path.envoy_pid))
+    """Adds the EPP's, Envoy's, this process's and the simulator's CPU over the block to ``into``
+    (a load generator in a child process adds its own, see `measure_throughput`)."""
+    pids = (path.epp_pid, path.envoy_pid)
+    before = [cpu_seconds(pid) for pid in pids]
+    own, sim = own_cpu_seconds(), cpu_seconds(path.sim_pid)
     yield
-    into[0] += cpu_seconds(path.epp_pid) - before[0]
-    into[1] += cpu_seconds(path.envoy_pid) - before[1]
+    for index, pid in enumerate(pids):
+        into[index] += cpu_seconds(pid) - before[index]
+    into[CLIENT] += own_cpu_seconds() - own
+    into[SIM] += cpu_seconds(path.sim_pid) - sim
 
 
 async def one(session: aiohttp.ClientSession, url: str) -> bool:
@@ -167,6 +192,15 @@ async def measure_c1(url: str, count: int, deadline_s: float, stats: PathStats) 
                 stats.c1_errors += 1
             if time.monotonic() > ends:
                 break
+
+
+async def measure_throughput_h2load(url: str, count: int, stats: PathStats) -> None:
+    """As `measure_throughput`, with h2load as the client (`load_h2load`): its CPU is the client's."""
+    done = await load_h2load.run(load_h2load.ensure_h2load(), url, BODY, HEADERS, HIGH_CONCURRENCY, count)
+    stats.c32_seconds += done.seconds
+    stats.c32_requests += done.ok
+    stats.c32_errors += done.failed
+    stats.c32_cpu[CLIENT] += done.client_cpu_s
 
 
 async def measure_throughput(url: str, count: int, deadline_s: float, stats: PathStats) -> None:
@@ -212,10 +246,12 @@ async def run_rounds(paths: dict[str, Path_], args: argparse.Namespace) -> dict[
                     paths[name].url, args.c1_requests // args.rounds, args.max_seconds, stats[name]
                 )
         for name in order:
+            count = args.c32_requests // args.rounds
             with cpu_meter(paths[name], stats[name].c32_cpu):
-                await measure_throughput(
-                    paths[name].url, args.c32_requests // args.rounds, args.max_seconds, stats[name]
-                )
+                if args.load_generator == H2LOAD:
+                    await measure_throughput_h2load(paths[name].url, count, stats[name])
+                else:
+                    await measure_throughput(paths[name].url, count, args.max_seconds, stats[name])
     for name, path in paths.items():
         stats[name].rss_mib, stats[name].hwm_mib = memory_mib(path.epp_pid)
     return stats
@@ -267,10 +303,27 @@ def report(stats: dict[str, PathStats], paths: dict[str, Path_]) -> None:
             f"{s.cpu_us_per_request('c1', 1):9.0f} {s.cpu_us_per_request('c32', 1):10.0f} "
             f"{s.rss_mib:7.1f}Mi {s.hwm_mib:5.1f}Mi"
         )
-    ours = stats["epp"]
-    for name in epps:
-        if name == "epp":
-            continue
+    print(
+        f"\n{f'CPU per request at {HIGH_CONCURRENCY} in flight, by process (µs)':<{width + 2}}"
+        f"{'EPP':>7} {'Envoy':>7} {'client':>7} {'sim':>7} {'total':>7}"
+    )
+    for name, s in stats.items():
+        parts = [s.cpu_us_per_request("c32", which) for which in (EPP, ENVOY, CLIENT, SIM)]
+        row = " ".join(f"{part:7.0f}" for part in parts)
+        print(f"  {labels[name]:<{width}}{row} {sum(parts):7.0f}")
+    print("  (client: the load generator; on a 2-core box these share the same two cores)")
+    # Ours against every other EPP: in its default BUFFERED set-up, and in full duplex when measured
+    # (`--compare-ours-full-duplex`: the set-up today's EPPs run in).
+    ours_full_duplex = [name for name in epps if paths[name].ours and paths[name].full_duplex]
+    for ours_name in ("epp", *ours_full_duplex):
+        compare(stats, paths, ours_name, [name for name in epps if not paths[name].ours])
+
+
+def compare(stats: dict[str, PathStats], paths: dict[str, Path_], ours_name: str, others: list[str]) -> None:
+    """One line per other EPP: added p50 and p99, and req/s at 32 in flight, against ours."""
+    labels = {name: path.label for name, path in paths.items()}
+    direct, ours = stats["direct"], stats[ours_name]
+    for name in others:
         other = stats[name]
         ours_p50 = ours.percentile_ms(50) - direct.percentile_ms(50)
         other_p50 = other.percentile_ms(50) - direct.percentile_ms(50)
@@ -278,12 +331,15 @@ def report(stats: dict[str, PathStats], paths: dict[str, Path_]) -> None:
         other_p99 = other.percentile_ms(99) - direct.percentile_ms(99)
         ratio = ours.throughput / other.throughput if other.throughput else float("nan")
         print(
-            f"\nours vs {labels[name]}: added p50 {ours_p50:+.2f} vs {other_p50:+.2f} ms "
+            f"\n{labels[ours_name]} vs {labels[name]}: added p50 {ours_p50:+.2f} vs {other_p50:+.2f} ms "
             f"({'holds' if ours_p50 <= other_p50 else 'misses'}: ours <= theirs), "
             f"added p99 {ours_p99:+.2f} vs {other_p99:+.2f} ms "
             f"({'holds' if ours_p99 <= other_p99 else 'misses'}), "
             f"req/s at {HIGH_CONCURRENCY} {ours.throughput:.0f} vs {other.throughput:.0f} = {ratio:.2f}x "
-            f"({'holds' if ratio >= 1 else 'misses'}: >= 1)"
+            f"({'holds' if ratio >= 1 else 'misses'}: >= 1; "
+            f"{'holds' if ratio >= 1.2 else 'misses'}: >= 1.2), "
+            f"EPP CPU/request at {HIGH_CONCURRENCY} {ours.cpu_us_per_request('c32', EPP):.0f} vs "
+            f"{other.cpu_us_per_request('c32', EPP):.0f} µs"
         )
 
 
@@ -362,6 +418,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "harness process on this host to release it",
     )
     parser.add_argument("--no-sim-path", action="store_true", help="skip the client -> simulator path")
+    parser.add_argument(
+        "--load-generator",
+        choices=(H2LOAD, AIOHTTP),
+        default=H2LOAD,
+        help="the client of the throughput runs: h2load (nghttp2-client, installed when missing; the "
+        "default: it leaves the CPU to the path) or this process's aiohttp (the figures before Dec 2026)",
+    )
     return parser.parse_args(argv)
 
 
@@ -452,15 +515,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         sim = SimConfig(model=MODEL, max_num_seqs=256, time_scale=args.time_scale)
         ip = stack.cluster.add_pod(POD, {"app": POOL}, sim_config=sim, ports=(SIM_PORT,)).ip
         stack.wait_pods_scraped(1)
+        sim_pid = stack.cluster.sim(POD).pid
         direct_options = EnvoyOptions(log_level="warning", direct_upstream=f"{ip}:{SIM_PORT}")
         direct = stack_of.enter_context(Envoy(UNUSED_EXT_PROC, options=direct_options))
         paths: dict[str, Path_] = {}
         if not args.no_sim_path:
-            paths["sim"] = Path_(f"http://{ip}:{SIM_PORT}/v1/completions", "client -> simulator (no Envoy)")
-        paths["direct"] = Path_(f"{direct.base_url}/v1/completions", "Envoy -> simulator (no ext_proc)")
+            paths["sim"] = Path_(
+                f"http://{ip}:{SIM_PORT}/v1/completions", "client -> simulator (no Envoy)", sim_pid=sim_pid
+            )
+        paths["direct"] = Path_(
+            f"{direct.base_url}/v1/completions", "Envoy -> simulator (no ext_proc)", envoy_pid=direct.pid,
+            sim_pid=sim_pid,
+        )  # fmt: skip
         paths["epp"] = Path_(
             f"{stack.envoy.base_url}/v1/completions", "Envoy + EPP (ours) -> simulator", stack.epp.pid,
-            stack.envoy.pid, True,
+            stack.envoy.pid, True, sim_pid, ours=True,
         )  # fmt: skip
         for index, (command, envoy_options) in enumerate(compared):
             other = stack_of.enter_context(
@@ -482,13 +551,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 envoy.set_model_server_endpoints([f"{ip}:{SIM_PORT}"])
             paths[f"other{index}"] = Path_(
                 f"{envoy.base_url}/v1/completions", f"Envoy + {command.name} -> simulator", other.pid,
-                envoy.pid, True,
+                envoy.pid, True, sim_pid, ours=command.dialect == "ours",
+                full_duplex=envoy_options.request_body_mode == "FULL_DUPLEX_STREAMED",
             )  # fmt: skip
             print(f"compared: {command.name}: {shlex.join(other.argv())}")
         print(
             f"measuring: {args.c1_requests} sequential and {args.c32_requests} at {HIGH_CONCURRENCY}"
-            f" in flight per path, {args.rounds} alternating rounds, simulator time_scale {args.time_scale}"
+            f" in flight per path ({args.load_generator}), {args.rounds} alternating rounds,"
+            f" simulator time_scale {args.time_scale}"
         )
+        if args.load_generator == H2LOAD:
+            load_h2load.ensure_h2load()
         began = time.monotonic()
         stats = asyncio.run(run_rounds(paths, args))
         print(f"measured in {time.monotonic() - began:.1f} s, load average {os.getloadavg()[0]:.2f}")
