@@ -26,7 +26,7 @@ from harness.cli.bench.runner import (
 from harness.cli.bench.stats import RunResult, Slo
 from harness.cli.bench.virtual.routers import KNOWN as VIRTUAL_KNOWN
 from harness.cli.bench.virtual.runner import VIRTUAL_SLO, VirtualConfig, run_virtual
-from harness.cli.bench.workload import SharedPrefix
+from harness.cli.bench.workload import SharedPrefix, WorkloadSpec
 from harness.cli.bench.workloads import SHARED_PREFIX, SHAREGPT, VIRTUAL_WORKLOADS
 from harness.cli.command import (
     StartError,
@@ -37,6 +37,7 @@ from harness.cli.command import (
     start_control_plane,
 )
 from harness.cli.console import ProgressBar, console, print_table, progress_bar
+from harness.sim import SimConfig
 
 DEFAULT_OUT: Final = Path("bench-results")
 # The shared-prefix prompts are long (~450 tokens at the default length scale): a KV cache that holds
@@ -142,6 +143,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "no-<scorer> or only-<scorer> with scorer one of queue, kv_cache, prefix, lora, in_flight",
     )
     routing.add_argument(
+        "--epp-peer",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="also run another EPP behind its own Envoy (repeatable, live only): gie-vX.Y.Z for upstream "
+        "GIE's EPP (`harness build --upstream-epp vX.Y.Z` first), or NAME=COMMAND for any EPP binary, "
+        'e.g. llm-d-router="$(harness build --epp-source DIR)"; its flag dialect is read off its --help',
+    )
+    routing.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench-results)"
     )
 
@@ -205,12 +215,24 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
             ttft_s=args.slo_ttft if args.slo_ttft is not None else Slo().ttft_s,
             itl_s=args.slo_itl if args.slo_itl is not None else Slo().itl_s,
         ),
-        workload_name=args.workload if args.arrival == "poisson" else f"{args.workload} (gamma arrivals)",
+        workload_name=live_workload_name(args.workload, args.arrival, workload, sim),
         seed=args.seed,
         capacity_requests=args.capacity_requests,
         epp_args=tuple(args.epp_arg),
         epp_variants=tuple(args.epp_variants),
+        epp_peers=tuple(args.epp_peer),
     )
+
+
+def live_workload_name(name: str, arrival: str, workload: WorkloadSpec, sim: SimConfig) -> str:
+    """What the live workload is, as every ratio of the report names it: its lengths' shape, and the
+    adapters most of its requests go to (over few LoRA slots, where adapter affinity decides), so
+    a ratio is never read as one measured on base-model traffic alone."""
+    label = name
+    if workload.adapters and workload.base_share < 1:
+        share = round(100 * (1 - workload.base_share))
+        label += f" + {len(workload.adapters)} adapters over {sim.max_loras} slots ({share}% of requests)"
+    return label if arrival == "poisson" else f"{label}, gamma arrivals"
 
 
 class _BarReporter:

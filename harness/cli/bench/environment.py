@@ -102,9 +102,14 @@ class BenchPool(StartStop):
             raise RuntimeError("the pool is not started")
         return self._thread.run(coro)
 
-    def server_ttfts(self) -> list[float]:
-        """TTFTs as the simulators saw them (arrival to first token) since the last reset."""
-        return [t for sim in self.sims for t in sim.call_on_loop(sim.engine.recent_ttfts)]
+    def server_ttfts(self, skip_fraction: float = 0.0) -> list[float]:
+        """TTFTs as the simulators saw them (arrival to first token) since the last reset, without
+        each pod's first ``skip_fraction`` of first tokens (a trace's warm-up)."""
+        out: list[float] = []
+        for sim in self.sims:
+            ttfts = sim.call_on_loop(sim.engine.recent_ttfts)
+            out += ttfts[int(len(ttfts) * skip_fraction) :]
+        return out
 
     def served_per_pod(self) -> list[int]:
         return [sum(sim.requests_by_model.values()) for sim in self.sims]

@@ -19,6 +19,7 @@ servers see the same requests whichever policy routes them.
 
 from __future__ import annotations
 
+import random
 import shutil
 import sys
 from collections.abc import Sequence
@@ -32,11 +33,14 @@ from harness.base.process import ChildProcesses, ManagedProcess
 from harness.cli.bench.loadgen import Target
 from harness.cli.bench.workload import TraceRequest
 from harness.cluster.builders import objective_headers
+from harness.cluster.controlplane import ClusterAccess
+from harness.cluster.metrics_access import MetricsReader
 from harness.cluster.releases import session_generation
 from harness.dataplane.envoy import DESTINATION_HEADER as DESTINATION
-from harness.dataplane.envoy import Envoy, LbPolicy, LoadBalancerEnvoy
+from harness.dataplane.envoy import Envoy, EnvoyOptions, LbPolicy, LoadBalancerEnvoy
 from harness.sim import ModelServerSim
 from harness.subject.epp_process import EppProcess
+from harness.subject.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
 
 COMPLETIONS = "/v1/completions"
 VLLM_ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware")
@@ -210,6 +214,112 @@ class EppPolicy:
         )
 
 
+# ---- another EPP (GIE's, llm-d-router's) behind Envoy -------------------------------------------
+
+
+@dataclass
+class ForeignEppPolicy:
+    """Another EPP binary (`harness.subject.foreign_epp`: upstream GIE v1.x, llm-d-router, ...) behind
+    an Envoy set up as the harness sets one up for it (v1.x: request body FULL_DUPLEX_STREAMED and a
+    list-aware cluster of the pool's endpoints). Requests name the model and objective as for ours.
+
+    It is not paused between its runs, as ours is: without a datastore view there is no way to tell
+    when a resumed EPP's metrics are fresh again, and a paused EPP would route its first requests on
+    stale figures. Its scrapes cost the other policies' runs a little CPU; never its own."""
+
+    name: str
+    command: EppCommand
+    _epp: ForeignEpp | None = field(default=None, init=False)
+    _envoy: Envoy | None = field(default=None, init=False)
+    _url: str = field(default="", init=False)
+
+    def start(self, pool: PoolView) -> None:
+        try:
+            self._epp = ForeignEpp(
+                self.command, pool.pool_name, pool.namespace, pool.kubeconfig, sim_metric_args(self.command)
+            )
+            self._epp.start()
+            self._epp.wait_serving()
+            options = self.command.envoy_options(EnvoyOptions(log_level="warning"))
+            epp = self._epp
+            self._envoy = Envoy(epp.ext_proc_address, options=options, ext_proc_tls=epp.ext_proc_tls)
+            self._envoy.start()
+            if options.follow_pool_endpoints:
+                self._envoy.set_model_server_endpoints(pool.endpoints)
+            self._wait_ready_pods(pool)
+            self._url = self._envoy.base_url + COMPLETIONS
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready_pods(self, pool: PoolView) -> None:
+        """Until its ``inference_pool_ready_pods`` counts every pod (read with a token its metrics
+        endpoint accepts): it has listed them, and its scrapes have begun."""
+        epp = self._epp
+        assert epp is not None
+        api = ClusterAccess.from_kubeconfig(pool.kubeconfig).api_client()
+        reader = MetricsReader(api, pool.namespace)
+        try:
+
+            def ready() -> None:
+                text = reader.metrics_text(f"http://{LOOPBACK}:{epp.metrics_port}")
+                counts = [
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("inference_pool_ready_pods")
+                ]
+                assert counts, "no inference_pool_ready_pods yet"
+                assert max(counts) >= len(pool.sims), f"ready pods {counts}"
+
+            eventually(ready, timeout=60, message=f"{self.name} counts every pod ready")
+        finally:
+            reader.close()
+            api.close()  # type: ignore[no-untyped-call]
+
+    def stop(self) -> None:
+        try:
+            if self._envoy is not None:
+                self._envoy.stop()
+                self._envoy = None
+        finally:
+            if self._epp is not None:
+                self._epp.close()
+                self._epp = None
+
+    def begin_run(self) -> None:
+        pass
+
+    def end_run(self) -> None:
+        pass
+
+    async def route(self, request: TraceRequest) -> Target:
+        return Target(
+            self._url, request.model, tuple(objective_headers(request.model, session_generation()).items())
+        )
+
+
+def foreign_epp_policy(spec: str) -> ForeignEppPolicy:
+    """``NAME=COMMAND`` (e.g. ``llm-d-router=/path/to/epp``): that command line as a policy named NAME,
+    its flag dialect read off its ``--help``; ``gie-vX.Y.Z`` alone: upstream GIE's EPP at that version,
+    as `harness build --upstream-epp vX.Y.Z` built it."""
+    name, sep, command = spec.partition("=")
+    if not sep:
+        return ForeignEppPolicy(epp_peer_name(spec), EppCommand.upstream(_gie_version(spec)))
+    if not name or not command.strip():
+        raise ValueError(f"expected NAME=COMMAND or gie-vX.Y.Z, not {spec!r}")
+    return ForeignEppPolicy(name, EppCommand.from_text(command, fixed_ports=""))
+
+
+def epp_peer_name(spec: str) -> str:
+    """The policy name of an ``--epp-peer`` spec (see `foreign_epp_policy`)."""
+    name, sep, _ = spec.partition("=")
+    return name if sep else f"gie-v{_gie_version(spec)}"
+
+
+def _gie_version(spec: str) -> str:
+    return spec.removeprefix("gie-").removeprefix("v")
+
+
 # ---- the peer routers from PyPI -----------------------------------------------------------------
 
 
@@ -328,6 +438,46 @@ class OraclePolicy:
         if self._envoy is None:
             return Target(sim.base_url + COMPLETIONS, request.served_model)
         return Target(self._envoy.base_url + COMPLETIONS, request.served_model, ((DESTINATION, sim.address),))
+
+
+# ---- least outstanding requests (the capacity probe's router) --------------------------------------
+
+
+@dataclass
+class LeastOutstandingPolicy:
+    """The pod with the fewest requests this policy sent and has not seen finish, ties at random;
+    straight to the pods. The capacity probe routes with it (as the virtual mode's probe does): a
+    saturating burst spread by load alone, as the blind policies spread it, not by an oracle's
+    knowledge of adapters and caches that only some policies have. Told of each end by `finished`."""
+
+    name: str = "least-outstanding"
+    _sims: Sequence[ModelServerSim] = field(default=(), init=False)
+    _outstanding: list[int] = field(default_factory=list, init=False)
+    _by_url: dict[str, int] = field(default_factory=dict, init=False)
+    _rng: random.Random = field(default_factory=lambda: random.Random(0), init=False)
+
+    def start(self, pool: PoolView) -> None:
+        self._sims = tuple(pool.sims)
+        self._by_url = {sim.base_url + COMPLETIONS: i for i, sim in enumerate(self._sims)}
+        self.begin_run()
+
+    def stop(self) -> None:
+        self._sims = ()
+
+    def begin_run(self) -> None:
+        self._outstanding = [0] * len(self._sims)
+
+    def end_run(self) -> None:
+        pass
+
+    async def route(self, request: TraceRequest) -> Target:
+        fewest = min(self._outstanding)
+        pick = self._rng.choice([i for i, n in enumerate(self._outstanding) if n == fewest])
+        self._outstanding[pick] += 1
+        return Target(self._sims[pick].base_url + COMPLETIONS, request.served_model)
+
+    def finished(self, target: Target) -> None:
+        self._outstanding[self._by_url[target.url]] -= 1
 
 
 # Scorer name -> the EPP environment variable holding its weight.

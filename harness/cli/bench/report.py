@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.cli.bench.policies import epp_peer_name
 from harness.cli.bench.runner import HEADLINE_LOAD, BenchResult
 from harness.cli.bench.stats import Spread
 from harness.cli.console import Column
@@ -180,6 +181,11 @@ def ratios(result: BenchResult, load: float = HEADLINE_LOAD) -> list[Ratio]:
     )
     add("EPP / oracle, TTFT p90", epp, p90(ORACLE), ORACLE, "<= 1.2", lambda v: v <= 1.2)
     epp_good = goodput(EPP)
+    # Today's other EPPs (`--epp-peer`): the EPP should be at least as good as each.
+    for peer in (epp_peer_name(spec) for spec in result.config.epp_peers):
+        add(f"EPP / {peer}, TTFT p90", epp, p90(peer), peer, "<= 1.0", lambda v: v <= 1.0)
+        if epp_good is not None:
+            add(f"EPP / {peer}, goodput", epp_good, goodput(peer), peer, ">= 1.0", lambda v: v >= 1.0)
     peer_good = {p: v for p in peers if (v := goodput(p)) is not None}
     if epp_good is not None and peer_good:
         best = max(peer_good, key=lambda p: peer_good[p])

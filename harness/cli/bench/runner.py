@@ -2,18 +2,24 @@
 
 Order of work, and why:
 1. Start the pool (API objects, simulators) and every policy (their processes stay up throughout).
-2. Capacity: a saturating burst routed by the oracle; capacity is the completion rate over the
-   middle 60% of completions (the start fills the pods and the end drains them). Loads are fractions
-   of this measured rate, so "0.9" means 90% of what this pool, on this machine, actually serves.
+2. Capacity: a saturating burst routed to the pod with the fewest requests outstanding (as the
+   virtual mode's probe); capacity is the completion rate over the middle 60% of completions (the
+   start fills the pods and the end drains them). Loads are fractions of this measured rate, so
+   "0.9" means 90% of what this pool, on this machine, serves when spread by load alone.
 3. For each load and repeat, one trace (its own seed) is replayed through every policy, in a rotated
    order per repeat so slow drift of a shared machine does not always hit the same policy. Before
    each replay the simulators drain and reset to a cold start (no cached prefix, no adapter loaded).
+4. Figures leave out the first ``warmup_fraction`` of each trace (10%): those requests meet empty
+   queues and cold caches. Client-side figures drop them by trace index, and throughput and goodput
+   count from the first kept request's arrival; the model servers' own TTFTs drop each pod's first
+   10% of first tokens (they are not tied to a trace index).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -22,11 +28,13 @@ from typing import Any, Protocol
 from harness.cli.bench.environment import BenchPool, PoolSpec
 from harness.cli.bench.loadgen import Outcome, Target, replay
 from harness.cli.bench.policies import (
-    OraclePolicy,
+    ForeignEppPolicy,
+    LeastOutstandingPolicy,
     PeerRouterPolicy,
     Policy,
     builtin_policies,
     epp_variant,
+    foreign_epp_policy,
     peer_policies,
 )
 from harness.cli.bench.stats import RunResult, Slo, aggregate, summarize
@@ -88,7 +96,8 @@ class BenchConfig:
     pods: int = 8
     loads: tuple[float, ...] = DEFAULT_LOADS
     repeats: int = 3
-    requests: int = 80  # per run
+    requests: int = 600  # per run: a warm steady state, not a cold start
+    warmup_fraction: float = 0.1  # of each trace, left out of the figures
     policies: tuple[str, ...] = ()  # names to run; empty: every available one
     workload: WorkloadSpec = field(default_factory=default_workload)
     sim: SimConfig = DEFAULT_SIM
@@ -99,6 +108,8 @@ class BenchConfig:
     epp_args: tuple[str, ...] = ()
     # Extra EPP configurations run as policies of their own (``policies.epp_variant``), for ablations.
     epp_variants: tuple[str, ...] = ()
+    # Other EPPs as peers (``policies.foreign_epp_policy``): ``gie-vX.Y.Z`` or ``NAME=COMMAND``.
+    epp_peers: tuple[str, ...] = ()
     # The workload's name (harness.cli.bench.workloads), which every ratio of the report names.
     workload_name: str = "sharegpt"
     mode: str = "live"  # or "virtual" (harness.cli.bench.virtual)
@@ -159,6 +170,7 @@ def run_benchmark(
     report = reporter or _Silent()
     policies, notes = select_policies(config.policies, config.epp_args)
     policies += [epp_variant(v, config.epp_args) for v in config.epp_variants]
+    policies += [foreign_epp_policy(spec) for spec in config.epp_peers]
     result = BenchResult(config, notes=list(notes))
     pool = BenchPool(access, config.namespace, PoolSpec(config.pods, config.sim), config.workload)
     started: list[Policy] = []
@@ -169,15 +181,15 @@ def run_benchmark(
                 try:
                     policy.start(pool.view)
                 except Exception as exc:
-                    if not isinstance(policy, PeerRouterPolicy):
+                    if not isinstance(policy, (PeerRouterPolicy, ForeignEppPolicy)):
                         raise  # the EPP, Envoy or the oracle failing is the benchmark failing
-                    # A peer router is optional context: note it and go on without it.
+                    # A peer router or EPP is optional context: note it and go on without it.
                     first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     result.notes.append(f"{policy.name}: did not start ({first_line}); skipped")
                     continue
                 started.append(policy)
             result.policies = [p.name for p in started]
-            report.phase("measuring the pool's capacity (a saturating burst routed by the oracle)")
+            report.phase("measuring the pool's capacity (a saturating burst, least outstanding requests)")
             result.capacity_rps = measure_capacity(pool, config)
             report.phase(f"capacity: {result.capacity_rps:.1f} requests per simulated second")
             report.planned(len(config.loads) * config.repeats * len(started))
@@ -225,14 +237,13 @@ def replay_once(
         outcomes = pool.run(replay(requests, policy.route, time_scale=config.time_scale))
         span = time.monotonic() - began
         after = pool.counters()
-        server_ttfts = pool.server_ttfts()
+        server_ttfts = pool.server_ttfts(skip_fraction=config.warmup_fraction)
     finally:
         policy.end_run()
+    outcomes, span = measured_part(requests, outcomes, span, config)
     pairs = list(zip(after, before, strict=True))
-    first_tokens = sum(a.first_tokens - b.first_tokens for a, b in pairs)
     queried = sum(a.prefix_queries - b.prefix_queries for a, b in pairs)
     hits = sum(a.prefix_hits - b.prefix_hits for a, b in pairs)
-    server_ttft = sum(a.ttft_sum_s - b.ttft_sum_s for a, b in pairs)
     return summarize(
         policy.name,
         load,
@@ -244,32 +255,51 @@ def replay_once(
         slo=config.slo,
         late_s=sum(a.late_s - b.late_s for a, b in pairs),
         prefix_hit_rate=hits / queried if queried else math.nan,
-        server_ttft_mean=server_ttft / first_tokens if first_tokens else math.nan,
+        server_ttft_mean=statistics.fmean(server_ttfts) if server_ttfts else math.nan,
         server_ttfts=server_ttfts,
     )
 
 
+def measured_part(
+    requests: Sequence[TraceRequest], outcomes: Sequence[Outcome], span_wall_s: float, config: BenchConfig
+) -> tuple[list[Outcome], float]:
+    """The outcomes the figures count (the warm-up left out) and the wall time they span: from the
+    first counted request's arrival to the end of the run (throughput and goodput divide by it)."""
+    warm = warm_count(len(requests), config.warmup_fraction)
+    if not warm:
+        return list(outcomes), span_wall_s
+    first = requests[warm]
+    kept = [o for o in outcomes if o.index >= first.index]
+    return kept, max(1e-9, span_wall_s - first.at * config.time_scale)
+
+
+def warm_count(requests: int, fraction: float) -> int:
+    """How many of a trace's first requests are left out (never all of them)."""
+    return min(max(0, requests - 1), math.ceil(requests * fraction))  # as the virtual mode
+
+
 def measure_capacity(pool: BenchPool, config: BenchConfig) -> float:
     """Requests per simulated second the pool completes when saturated (see the module docstring)."""
-    oracle = OraclePolicy("capacity-probe", proxy=False)
-    oracle.start(pool.view)
+    probe = LeastOutstandingPolicy("capacity-probe")
+    probe.start(pool.view)
     burst = generate(
         replace(config.workload, requests=config.capacity_requests, rate=1e9, seed=config.seed - 1)
     )
     # Slower than the runs, so that the burst's token rate cannot make this machine the bottleneck.
     scale = max(config.time_scale, CAPACITY_MIN_TIME_SCALE)
     pool.reset(scale)
-    oracle.begin_run()
+    probe.begin_run()
     done: list[float] = []
 
     def finished(request: TraceRequest, target: Target, outcome: Outcome) -> None:
+        probe.finished(target)
         if outcome.ok:
             done.append(asyncio.get_running_loop().time())
 
     try:
-        outcomes = pool.run(replay(burst.requests, oracle.route, time_scale=scale, on_done=finished))
+        outcomes = pool.run(replay(burst.requests, probe.route, time_scale=scale, on_done=finished))
     finally:
-        oracle.stop()
+        probe.stop()
     failed = sum(1 for o in outcomes if not o.ok)
     if failed or len(done) < 10:
         raise RuntimeError(f"capacity probe: {failed} of {len(outcomes)} requests failed")

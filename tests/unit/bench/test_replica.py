@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli.bench.runner import BenchConfig, BenchResult, trace_spec
+from harness.cli.bench.runner import BenchConfig, BenchResult, trace_spec, warm_count
 from harness.cli.bench.virtual.replica import replay_in_virtual_time
 from harness.cli.bench.workload import generate
 
@@ -24,7 +24,8 @@ def test_every_policy_with_a_twin_runs_every_load_and_repeat_of_the_live_run() -
     assert twin.capacity_rps == CAPACITY
     ran = sorted((r.policy, r.load, r.repeat) for r in twin.runs)
     assert ran == sorted((p, load, rep) for p in twin.policies for load in (0.5, 0.9) for rep in (0, 1))
-    assert {r.requests for r in twin.runs} == {40}  # no warm-up share left out, as the live summary
+    # The live summary's warm-up share is left out of the twin's figures too.
+    assert {r.requests for r in twin.runs} == {40 - warm_count(40, twin.config.warmup_fraction)}
 
 
 def test_each_trace_is_the_live_one_at_the_live_rate() -> None:

@@ -12,7 +12,7 @@ builds the live run's twin, so ``benchmarks/bench_cross_validation.py`` can comp
 * each live policy runs as the virtual router that plays its part (``LIVE_TO_VIRTUAL``): Envoy's
   LEAST_REQUEST is power of two choices over in-flight counts when all weights are equal, so its
   twin is ``power-of-two``, not ``least-outstanding``;
-* no warm-up share is left out, as the live summary leaves none out.
+* the same warm-up share is left out as the live summary leaves out (``warmup_fraction``).
 
 What the twin cannot have: the live path's own delay (Envoy, the EPP's gRPC round trip, the
 loopback HTTP of the simulators; about a millisecond of wall time) and the host's CPU lag.
@@ -66,7 +66,7 @@ def replay_in_virtual_time(
         policies=tuple(policies),
         seed=config.seed,
         slo=config.slo,
-        warmup=0.0,
+        warmup=config.warmup_fraction,
     )
     result = BenchResult(replace(config, mode="virtual"), capacity_rps=live.capacity_rps, policies=policies)
     began = time.monotonic()
