@@ -78,6 +78,7 @@ class ModelServerSim:
         self._adapters: frozenset[str] = frozenset(self.config.lora_adapters)
         self._counts_lock = threading.Lock()
         self._counts: collections.Counter[str] = collections.Counter()
+        self._scrapes = 0  # under _counts_lock
         self._received = ReceivedLog()
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
@@ -262,6 +263,12 @@ class ModelServerSim:
         with self._counts_lock:
             return dict(self._counts)
 
+    @property
+    def scrapes(self) -> int:
+        """``/metrics`` pages served so far (by any scraper)."""
+        with self._counts_lock:
+            return self._scrapes
+
     def received_requests(self) -> list[ReceivedRequest]:
         """Generation requests as they arrived (headers with repeats, raw body), oldest first."""
         return self._received.snapshot()
@@ -332,6 +339,8 @@ class ModelServerSim:
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        with self._counts_lock:
+            self._scrapes += 1
         body = self.metrics.render()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

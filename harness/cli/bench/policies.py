@@ -223,17 +223,21 @@ class ForeignEppPolicy:
     an Envoy set up as the harness sets one up for it (v1.x: request body FULL_DUPLEX_STREAMED and a
     list-aware cluster of the pool's endpoints). Requests name the model and objective as for ours.
 
-    It is not paused between its runs, as ours is: without a datastore view there is no way to tell
-    when a resumed EPP's metrics are fresh again, and a paused EPP would route its first requests on
-    stale figures. Its scrapes cost the other policies' runs a little CPU; never its own."""
+    Paused between its runs as ours is (its 20 scrapes a second per pod would otherwise take CPU from
+    every other policy's runs). It has no datastore view to tell when its metrics are fresh again
+    after a resume, so the pods tell: every pod has served it two ``/metrics`` pages since (the
+    first may answer a scrape sent before the pause); the other EPPs are paused meanwhile."""
 
     name: str
     command: EppCommand
     _epp: ForeignEpp | None = field(default=None, init=False)
     _envoy: Envoy | None = field(default=None, init=False)
     _url: str = field(default="", init=False)
+    _sims: Sequence[ModelServerSim] = field(default=(), init=False)
+    _paused: bool = field(default=False, init=False)
 
     def start(self, pool: PoolView) -> None:
+        self._sims = tuple(pool.sims)
         try:
             self._epp = ForeignEpp(
                 self.command, pool.pool_name, pool.namespace, pool.kubeconfig, sim_metric_args(self.command)
@@ -248,6 +252,7 @@ class ForeignEppPolicy:
                 self._envoy.set_model_server_endpoints(pool.endpoints)
             self._wait_ready_pods(pool)
             self._url = self._envoy.base_url + COMPLETIONS
+            self.end_run()
         except BaseException:
             self.stop()
             raise
@@ -277,6 +282,9 @@ class ForeignEppPolicy:
             api.close()  # type: ignore[no-untyped-call]
 
     def stop(self) -> None:
+        if self._paused and self._epp is not None:
+            self._epp.resume()  # a stopped process cannot act on SIGTERM
+            self._paused = False
         try:
             if self._envoy is not None:
                 self._envoy.stop()
@@ -287,10 +295,25 @@ class ForeignEppPolicy:
                 self._epp = None
 
     def begin_run(self) -> None:
-        pass
+        """Resume it and wait until it has scraped every pod afresh (the class docstring)."""
+        epp = self._epp
+        if epp is None or not self._paused:
+            return
+        before = [sim.scrapes for sim in self._sims]
+        epp.resume()
+        self._paused = False
+
+        def scraped_twice() -> None:
+            behind = [s.address for s, n in zip(self._sims, before, strict=True) if s.scrapes < n + 2]
+            assert not behind, f"not scraped twice since the resume: {behind}"
+
+        eventually(scraped_twice, timeout=30, message=f"the resumed {self.name} scraped every pod again")
 
     def end_run(self) -> None:
-        pass
+        epp = self._epp
+        if epp is not None and not self._paused:
+            epp.pause()
+            self._paused = True
 
     async def route(self, request: TraceRequest) -> Target:
         return Target(

@@ -322,3 +322,14 @@ async def test_received_requests_keep_headers_repeats_and_the_raw_body(address: 
     assert (received.method, received.path, received.body) == ("POST", "/v1/completions", raw)
     assert received.header_values("x-twice") == ["one", "two"]
     assert received.header_values("Content-Length") == [str(len(raw))]
+
+
+async def test_scrapes_count_every_metrics_page_served(address: str) -> None:
+    """What the routing bench waits on after resuming a paused EPP without a datastore view."""
+    async with ModelServerSim(address, config=FAST) as sim, aiohttp.ClientSession() as http:
+        assert sim.scrapes == 0
+        for _ in range(3):
+            await scrape(http, sim.base_url)
+        async with http.get(f"{sim.base_url}/health") as response:
+            assert response.status == 200
+        assert sim.scrapes == 3, "only /metrics pages count"
