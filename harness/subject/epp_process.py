@@ -86,6 +86,15 @@ class EppProcessIdentity:
         """The EPP's process id while it runs (for /proc readings in benchmarks)."""
         return self._process.pid if self._process is not None else None
 
+    def pause(self) -> None:
+        """SIGSTOP (the routing benchmark parks idle EPPs so their scrapes cost the others nothing)."""
+        if self._process is not None:
+            self._process.pause()
+
+    def resume(self) -> None:
+        if self._process is not None:
+            self._process.resume()
+
 
 @dataclass
 class EppProcess(EppProcessIdentity):
@@ -152,15 +161,6 @@ class EppProcess(EppProcessIdentity):
         if self._process is not None:
             self._process.kill()
             self._process = None
-
-    def pause(self) -> None:
-        """SIGSTOP (the benchmark parks idle EPPs so their probes cost the others nothing)."""
-        if self._process is not None:
-            self._process.pause()
-
-    def resume(self) -> None:
-        if self._process is not None:
-            self._process.resume()
 
     def close(self) -> None:
         try:

@@ -370,15 +370,6 @@ class ForeignEpp(EppProcessIdentity):
             self._process.stop()
             self._process = None
 
-    def pause(self) -> None:
-        """SIGSTOP (the routing benchmark parks idle EPPs so their scrapes cost the others nothing)."""
-        if self._process is not None:
-            self._process.pause()
-
-    def resume(self) -> None:
-        if self._process is not None:
-            self._process.resume()
-
     def kill(self) -> None:
         """Simulate a crash: SIGKILL, no graceful shutdown."""
         if self._process is not None:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from harness.base.eventually import eventually
 from harness.base.ports import LOOPBACK
@@ -42,6 +42,7 @@ from harness.sim import ModelServerSim
 from harness.subject.epp_process import EppProcess
 from harness.subject.foreign_epp import EppCommand, ForeignEpp, sim_metric_args
 
+E = TypeVar("E", bound="_Parkable")
 COMPLETIONS = "/v1/completions"
 VLLM_ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware")
 SGLANG_ROUTER_POLICIES = ("round_robin", "cache_aware")
@@ -128,15 +129,59 @@ class EnvoyPolicy:
 # ---- the EPP behind Envoy ------------------------------------------------------------------------
 
 
+class _Parkable(Protocol):
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
-class EppPolicy:
-    name: str
-    epp_args: Sequence[str] = ()
-    epp_env: dict[str, str] = field(default_factory=dict)
-    _epp: EppProcess | None = field(default=None, init=False)
+class _ParkedEpp(Generic[E]):
+    """An EPP process behind its own Envoy, paused (SIGSTOP) between its runs: its probes would
+    otherwise scrape every pod 20 times a second through every other policy's runs, taking CPU from
+    them. Subclasses start both and say, in `begin_run`, when a resumed EPP may route again."""
+
+    _epp: E | None = field(default=None, init=False)
     _envoy: Envoy | None = field(default=None, init=False)
     _url: str = field(default="", init=False)
     _paused: bool = field(default=False, init=False)
+
+    def stop(self) -> None:
+        if self._paused and self._epp is not None:
+            self._epp.resume()  # a stopped process cannot act on SIGTERM
+            self._paused = False
+        try:
+            if self._envoy is not None:
+                self._envoy.stop()
+                self._envoy = None
+        finally:
+            if self._epp is not None:
+                self._epp.close()
+                self._epp = None
+
+    def end_run(self) -> None:
+        epp = self._epp
+        if epp is not None and not self._paused:
+            epp.pause()
+            self._paused = True
+
+    def _resume(self) -> E | None:
+        """Continue a paused EPP; the EPP, or None when it was not paused (nothing to wait for)."""
+        epp = self._epp
+        if epp is None or not self._paused:
+            return None
+        epp.resume()
+        self._paused = False
+        return epp
+
+
+@dataclass
+class EppPolicy(_ParkedEpp[EppProcess]):
+    name: str
+    epp_args: Sequence[str] = ()
+    epp_env: dict[str, str] = field(default_factory=dict)
 
     def start(self, pool: PoolView) -> None:
         try:
@@ -166,30 +211,15 @@ class EppPolicy:
             self.stop()
             raise
 
-    def stop(self) -> None:
-        if self._paused and self._epp is not None:
-            self._epp.resume()  # (stop() would resume it too: a stopped process cannot act on SIGTERM)
-            self._paused = False
-        try:
-            if self._envoy is not None:
-                self._envoy.stop()
-                self._envoy = None
-        finally:
-            if self._epp is not None:
-                self._epp.close()
-                self._epp = None
-
     @property
     def process(self) -> EppProcess | None:
         return self._epp
 
     def begin_run(self) -> None:
         """Resume the EPP (paused between its runs) and wait until every pod's metrics are fresh."""
-        epp = self._epp
-        if epp is None or not self._paused:
+        epp = self._resume()
+        if epp is None:
             return
-        epp.resume()
-        self._paused = False
 
         def fresh() -> None:
             pods = epp.datastore_view().get("pods") or []
@@ -198,14 +228,6 @@ class EppPolicy:
             assert all(a is not None and a < FRESH_S for a in ages), f"metrics ages {ages}"
 
         eventually(fresh, timeout=30, message="the resumed EPP scraped every pod again")
-
-    def end_run(self) -> None:
-        """Pause the EPP (SIGSTOP): its probes would otherwise scrape every pod 20 times a second
-        through every other policy's runs, taking CPU from them."""
-        epp = self._epp
-        if epp is not None and not self._paused:
-            epp.pause()
-            self._paused = True
 
     async def route(self, request: TraceRequest) -> Target:
         # The model's InferenceObjective has the model's name (``BenchPool``): a v1 request names it.
@@ -218,7 +240,7 @@ class EppPolicy:
 
 
 @dataclass
-class ForeignEppPolicy:
+class ForeignEppPolicy(_ParkedEpp[ForeignEpp]):
     """Another EPP binary (`harness.subject.foreign_epp`: upstream GIE v1.x, llm-d-router, ...) behind
     an Envoy set up as the harness sets one up for it (v1.x: request body FULL_DUPLEX_STREAMED and a
     list-aware cluster of the pool's endpoints). Requests name the model and objective as for ours.
@@ -230,11 +252,7 @@ class ForeignEppPolicy:
 
     name: str
     command: EppCommand
-    _epp: ForeignEpp | None = field(default=None, init=False)
-    _envoy: Envoy | None = field(default=None, init=False)
-    _url: str = field(default="", init=False)
     _sims: Sequence[ModelServerSim] = field(default=(), init=False)
-    _paused: bool = field(default=False, init=False)
 
     def start(self, pool: PoolView) -> None:
         self._sims = tuple(pool.sims)
@@ -281,39 +299,17 @@ class ForeignEppPolicy:
             reader.close()
             api.close()  # type: ignore[no-untyped-call]
 
-    def stop(self) -> None:
-        if self._paused and self._epp is not None:
-            self._epp.resume()  # a stopped process cannot act on SIGTERM
-            self._paused = False
-        try:
-            if self._envoy is not None:
-                self._envoy.stop()
-                self._envoy = None
-        finally:
-            if self._epp is not None:
-                self._epp.close()
-                self._epp = None
-
     def begin_run(self) -> None:
         """Resume it and wait until it has scraped every pod afresh (the class docstring)."""
-        epp = self._epp
-        if epp is None or not self._paused:
-            return
         before = [sim.scrapes for sim in self._sims]
-        epp.resume()
-        self._paused = False
+        if self._resume() is None:
+            return
 
         def scraped_twice() -> None:
             behind = [s.address for s, n in zip(self._sims, before, strict=True) if s.scrapes < n + 2]
             assert not behind, f"not scraped twice since the resume: {behind}"
 
         eventually(scraped_twice, timeout=30, message=f"the resumed {self.name} scraped every pod again")
-
-    def end_run(self) -> None:
-        epp = self._epp
-        if epp is not None and not self._paused:
-            epp.pause()
-            self._paused = True
 
     async def route(self, request: TraceRequest) -> Target:
         return Target(
