@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from epp.api.types import EndpointKey
+from epp.config import DEFAULT_PREFIX_BLOCK_CHARS, DEFAULT_PREFIX_MAX_BLOCKS
 from epp.datastore.types import PodMetrics
 from epp.scheduling.filters import NO_MATCHES
 from epp.scheduling.prefix import block_hashes
@@ -63,9 +64,9 @@ class Accounting:
         self,
         memory: RoutingMemory | None,
         *,
-        prefix_aware: bool = False,
-        block_chars: int = 64,
-        max_blocks: int = 128,
+        prefix_aware: bool,
+        block_chars: int = DEFAULT_PREFIX_BLOCK_CHARS,
+        max_blocks: int = DEFAULT_PREFIX_MAX_BLOCKS,
     ) -> None:
         self._memory = memory
         self._prefix_aware = prefix_aware and memory is not None
@@ -112,4 +113,4 @@ class Accounting:
         return self.routed(pod, target_model, query)
 
 
-NO_ACCOUNTING = Accounting(None)
+NO_ACCOUNTING = Accounting(None, prefix_aware=False)

@@ -132,14 +132,10 @@ class StreamDeps:
     conformance: ConformanceHooks = NO_CONFORMANCE_HOOKS
 
 
-def endpoint_of(pod: PodMetrics, pool: InferencePool) -> str:
-    """`ip:port` of the endpoint (its own target port of the pool); IPv6 in brackets."""
-    return pod.pod.endpoint
-
-
-def destination_list(ranked: Sequence[PodMetrics], pool: InferencePool) -> str:
-    """The destination value of the v1 protocol: `ip:port` comma list, the pick first, then fallbacks."""
-    return ",".join(endpoint_of(pod, pool) for pod in ranked)
+def destination_list(ranked: Sequence[PodMetrics]) -> str:
+    """The destination value of the v1 protocol: `ip:port` comma list, the pick first, then fallbacks
+    (each endpoint's own target port of the pool; IPv6 in brackets)."""
+    return ",".join(pod.pod.endpoint for pod in ranked)
 
 
 def _subset_of(metadata: Any) -> Subset | None:
@@ -450,15 +446,13 @@ class ExtProcStream:
 
     def _route_bodyless(self) -> bytes:
         """No body, no model: a uniform draw (as upstream), then as many other pods at random."""
-        pool, pods = self._candidates()
+        _, pods = self._candidates()
         rng = self._deps.rng
         first = rng.choice(pods)
         others = [p for p in pods if p is not first]
         ranked = [first, *rng.sample(others, min(self._deps.fallbacks, len(others)))]
         self._decided = True
-        return responses.route(
-            self._deps.destination, destination_list(ranked, pool), phase="request_headers"
-        )
+        return responses.route(self._deps.destination, destination_list(ranked), phase="request_headers")
 
     async def _request_body(self, msg: pb.HttpBody) -> Reply:
         if self._decided:
@@ -519,7 +513,7 @@ class ExtProcStream:
         self.model = scanned.model if resolved.model_declared else UNKNOWN_MODEL
         target = resolved.target
         self.target = target if resolved.target_declared else UNKNOWN_MODEL
-        pool, pods = self._candidates()
+        _, pods = self._candidates()
         prefix = deps.accounting.prefix_query(scanned.prompt_head, target)
         request = LLMRequest(
             scanned.model, target, not resolved.sheddable, len(prefix.hashes), prefix.matches
@@ -529,7 +523,7 @@ class ExtProcStream:
         self._in_flight = deps.accounting.routed(ranked[0], target, prefix)
         if len(ranked) > 1:
             self._routing = (ranked, target, prefix)
-        endpoint = destination_list(ranked, pool)
+        endpoint = destination_list(ranked)
         rewritten = target != scanned.model
         body = with_model(raw, scanned, target) if rewritten else raw
         if len(body) > deps.max_body_bytes:

@@ -97,6 +97,8 @@ class Env:
     subset_filter: bool = True
     # Upstream's test plugins (off, as without a config naming them).
     conformance: ConformanceHooks = NO_CONFORMANCE_HOOKS
+    # The request metrics' class (a test passes one that fails, to see the response still pass).
+    request_metrics: Callable[[CollectorRegistry], RequestMetrics] = RequestMetrics
     _servicer: ExtProcServicer | None = None
 
     def servicer(self) -> ExtProcServicer:
@@ -109,7 +111,7 @@ class Env:
         return ExtProcServicer(
             self.datastore,
             self.scheduler,
-            RequestMetrics(self.registry),
+            self.request_metrics(self.registry),
             destination_header_key=DEST,
             metadata_namespace=self.metadata_namespace,
             rng=self.rng,

@@ -4,6 +4,7 @@ stream ends (Envoy ends it when the HTTP exchange is over), and its prompt prefi
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import grpc
@@ -129,10 +130,14 @@ def test_without_prefix_awareness_no_prompt_is_hashed() -> None:
     assert (request.prefix_blocks, dict(request.prefix_matches)) == (0, {})
 
 
-def served_report(endpoint: str) -> pb.ProcessingRequest:
-    """Response headers as a list-aware proxy sends them: the endpoint that served, in metadata."""
+def served_report(endpoint: str | None) -> pb.ProcessingRequest:
+    """Response headers as a list-aware proxy sends them: the endpoint that served, in metadata (None:
+    metadata from another filter only, as a proxy that is not list-aware sends)."""
     report = headers({":status": "200", "content-type": "application/json"}, response=True)
-    report.metadata_context.filter_metadata[SERVED_NAMESPACE].update({SERVED_KEY: endpoint})
+    if endpoint is None:
+        report.metadata_context.filter_metadata["envoy.filters.http.other"].update({"other": "value"})
+    else:
+        report.metadata_context.filter_metadata[SERVED_NAMESPACE].update({SERVED_KEY: endpoint})
     return report
 
 
@@ -142,13 +147,16 @@ def served_report(endpoint: str) -> pb.ProcessingRequest:
         pytest.param("10.0.0.2:8000", {"pod-1": 0, "pod-2": 1}, id="a-fallback-served"),
         pytest.param("10.0.0.1:8000", {"pod-1": 1, "pod-2": 0}, id="the-pick-served"),
         pytest.param("10.9.9.9:8000", {"pod-1": 1, "pod-2": 0}, id="not-among-those-sent"),
+        pytest.param(None, {"pod-1": 1, "pod-2": 0}, id="not-reported"),
     ],
 )
 def test_the_endpoint_that_served_holds_the_request_and_its_prefix(
-    served: str, counted: dict[str, int]
+    served: str | None, counted: dict[str, int], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The proxy walked the list: the fallback that served counts the request in flight and holds its
-    prompt's prefix, as the pick would have; an endpoint the EPP never sent is not believed."""
+    prompt's prefix, as the pick would have; an endpoint the EPP never sent is not believed, and
+    neither that nor a report without it is an error."""
+    caplog.set_level(logging.WARNING)
     e = env(prefix_aware=True)
     e.fallbacks = 1
     e.scheduler.pick = "pod-1"
@@ -175,3 +183,4 @@ def test_the_endpoint_that_served_holds_the_request_and_its_prefix(
             await eventually_async(ended)
 
     asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records] == []

@@ -169,6 +169,9 @@ def test_trailers_before_the_body_ended_get_a_readable_400() -> None:
     status, message, _ = immediate(replies[2])
     assert status == 400
     assert message.startswith("request trailers arrived before the request body ended")
+    assert message.endswith("(send a Content-Length, or configure Envoy's request_body_mode BUFFERED)"), (
+        "the message says what to change"
+    )
 
 
 def test_a_body_complete_by_content_length_is_routed_without_end_of_stream() -> None:
@@ -182,6 +185,15 @@ def test_a_body_complete_by_content_length_is_routed_without_end_of_stream() -> 
     assert routed.body == sent
     assert routed.metadata == {"envoy.lb": {DEST: "10.0.0.1:8000"}}
     assert replies[3].WhichOneof("response") == "request_trailers"
+
+
+def test_headers_in_the_form_before_envoy_1_31_are_read() -> None:
+    """Envoy before 1.31 fills `value` and leaves `raw_value` empty: the Content-Length still counts."""
+    sent = json.dumps({"model": "food-review", "prompt": "hi"}).encode()
+    request = headers({":method": "POST", ":path": "/v1/completions"})
+    request.request_headers.headers.headers.add(key="content-length", value=str(len(sent)))
+    replies = run_exchange(routed_env(), request, body(sent[:10], eos=False), body(sent[10:], eos=False))
+    assert mutation(replies[2]).body == sent, "routed once the declared length had come"
 
 
 # --- big bodies, off the event loop ----------------------------------------------------------------

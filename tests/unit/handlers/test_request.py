@@ -69,8 +69,16 @@ def test_no_weights_is_uniform() -> None:
 
 
 def test_weights_summing_to_zero_is_404() -> None:
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(ModelNotFound, match=r"^model base has no target model with a positive weight$"):
         pick_target(_model(TargetModel("a", 0)), "base", random.Random(1))
+
+
+def test_a_model_name_in_a_message_is_cut_at_256_characters() -> None:
+    name = "m" * 255 + "XY"
+    assert str(not_found(name)) == f"model {name[:256]} not found"
+    with pytest.raises(ModelNotFound) as raised:
+        pick_target(_model(TargetModel("a", 0)), name, random.Random(1))
+    assert str(raised.value) == f"model {name[:256]} has no target model with a positive weight"
 
 
 # --- resolve: one shape, either generation ----------------------------------------------------

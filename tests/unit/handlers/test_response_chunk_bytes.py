@@ -127,6 +127,8 @@ def _with_protocol_config() -> pb.ProcessingRequest:
         pytest.param(b"\x2a\x05\x0a\x09abc", id="body-longer-than-a-message-that-fits-the-bytes"),
         pytest.param(b"\x2a\x09\x0a\x03abc", id="message-longer-than-the-bytes"),
         pytest.param(b"\x2a\xff\xff\xff\xff\xff\xff", id="length-never-ends"),
+        pytest.param(b"\x2a\x80", id="length-cut-short"),
+        pytest.param(b"\x2a\x05\x0a\x03abc\x42\x80", id="metadata-length-cut-short"),
         pytest.param(b"", id="empty"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import grpc
 import pytest
@@ -13,7 +14,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.config import GRPCIO_TRANSPORT, H2_TRANSPORT
 from epp.errors import ResourceExhausted
-from epp.metrics import UNKNOWN_MODEL
+from epp.handlers.usage import MAX_JSON_RESPONSE_BYTES
+from epp.metrics import UNKNOWN_MODEL, RequestMetrics
 from harness.base.eventually import eventually_async
 
 from .support import (
@@ -348,3 +350,123 @@ def test_usage_is_sniffed_when_response_headers_are_skipped() -> None:
     sse = b'data: {"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\ndata: [DONE]\n\n'
     run_exchange(env, headers(), body(COMPLETION), body(sse, response=True))
     assert _tokens(env) == (3, 4)
+
+
+# --- the response side: what each response tells the metrics ---------------------------------------
+ERRORS = {"model_name": "food-review", "target_model_name": "food-review", "error_code": "ModelServerError"}
+LABELS = {"model_name": "food-review", "target_model_name": "food-review"}
+
+
+@pytest.mark.parametrize(
+    ("status", "errors"),
+    [
+        pytest.param("399", None, id="399-is-not-an-error"),
+        pytest.param("400", 1, id="400-is-the-first-error"),
+        pytest.param("503", 1, id="503"),
+    ],
+)
+def test_a_response_status_from_400_counts_as_a_model_server_error(status: str, errors: int | None) -> None:
+    env = routed_env()
+    run_exchange(env, headers(), body(COMPLETION), *_response_messages("application/json", [b"{}"], status))
+    assert env.sample("inference_model_request_error_total", ERRORS) == errors
+
+
+def test_a_status_that_is_not_a_number_is_no_error_and_no_failure(caplog: pytest.LogCaptureFixture) -> None:
+    env = routed_env()
+    with caplog.at_level(logging.WARNING):
+        run_exchange(
+            env, headers(), body(COMPLETION), *_response_messages("application/json", [b"{}"], "2xx")
+        )
+    assert env.sample("inference_model_request_error_total", ERRORS) is None
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+def test_an_unrouted_request_counts_no_model_server_error() -> None:
+    """A request routed from its headers alone (no body, no model) is not a model's request."""
+    env = routed_env()
+    bodyless = headers({":method": "GET", ":path": "/v1/models"}, eos=True)
+    run_exchange(env, bodyless, *_response_messages("application/json", [b"{}"], "500"))
+    errors = {
+        "model_name": UNKNOWN_MODEL,
+        "target_model_name": UNKNOWN_MODEL,
+        "error_code": "ModelServerError",
+    }
+    assert env.sample("inference_model_request_error_total", errors) is None
+
+
+def test_the_request_duration_is_from_the_request_to_the_response_end() -> None:
+    env = routed_env()  # each clock reading is 0.25 s after the one before
+    run_exchange(env, headers(), body(COMPLETION), *_response_messages("application/json", [b"{}"]))
+    duration = env.sample("inference_model_request_duration_seconds_sum", LABELS)
+    assert duration is not None
+    assert 0 < duration <= 10 * env.clock_step, duration
+
+
+def test_a_response_ended_twice_is_counted_once() -> None:
+    """The last chunk's end_of_stream, then trailers: one response."""
+    env = routed_env()
+    trailers = pb.ProcessingRequest(response_trailers=pb.HttpTrailers())
+    run_exchange(env, headers(), body(COMPLETION), *_response_messages("application/json", [b"{}"]), trailers)
+    assert env.sample("inference_model_request_duration_seconds_count", LABELS) == 1
+    assert env.sample("inference_model_response_sizes_count", LABELS) == 1
+
+
+SSE_WITH_USAGE = b'data: {"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\ndata: [DONE]\n\n'
+
+
+def test_the_content_type_decides_even_when_the_first_chunk_does_not_look_like_sse() -> None:
+    env = routed_env()
+    chunks = [SSE_WITH_USAGE[:2], SSE_WITH_USAGE[2:]]
+    run_exchange(env, headers(), body(COMPLETION), *_response_messages("text/event-stream", chunks))
+    assert _tokens(env) == (3, 4)
+
+
+@pytest.mark.parametrize(
+    ("first", "usage"),
+    [
+        pytest.param(b'{"usage":{"prompt_tokens":5,"completion_tokens":6}}', (5, 6), id="json"),
+        pytest.param(b"\n\n" + SSE_WITH_USAGE, (3, 4), id="sse-after-blank-lines"),
+    ],
+)
+def test_without_response_headers_the_first_bytes_tell_sse_from_json(
+    first: bytes, usage: tuple[int, int]
+) -> None:
+    env = routed_env()
+    run_exchange(env, headers(), body(COMPLETION), body(first, response=True))
+    assert _tokens(env) == usage
+
+
+def test_a_json_response_of_exactly_the_limit_is_still_read_for_usage() -> None:
+    head = b'{"usage":{"prompt_tokens":2,"completion_tokens":8},"pad":"'
+    payload = head + b"x" * (MAX_JSON_RESPONSE_BYTES - len(head) - 2) + b'"}'
+    assert len(payload) == MAX_JSON_RESPONSE_BYTES
+    piece = 1024 * 1024
+    pieces = [payload[i : i + piece] for i in range(0, len(payload), piece)]
+    env = routed_env()
+    run_exchange(env, headers(), body(COMPLETION), *_response_messages("application/json", pieces))
+    assert _tokens(env) == (2, 8)
+
+
+class _FailingMetrics(RequestMetrics):
+    def response_complete(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("metrics broke")
+
+
+def test_an_observer_that_fails_is_logged_and_the_response_still_passes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = routed_env()
+    env.request_metrics = _FailingMetrics
+    with caplog.at_level(logging.ERROR):
+        replies = run_exchange(
+            env, headers(), body(COMPLETION), *_response_messages("application/json", [b"{}"])
+        )
+    assert [r.WhichOneof("response") for r in replies[2:]] == ["response_headers", "response_body"]
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "error observing response_body; response passed through" in record.getMessage()
+    assert "RuntimeError: metrics broke" in record.getMessage()
+
+
+def test_a_bodyless_request_without_a_pool_is_503_saying_so() -> None:
+    replies = run_exchange(Env(), headers({":method": "GET"}, eos=True))
+    assert immediate(replies[0])[:2] == (503, "no InferencePool is known to the endpoint picker")

@@ -8,7 +8,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.api.types import EndpointKey
-from epp.handlers.stream import ExtProcStream, endpoint_of
+from epp.handlers.stream import ExtProcStream, destination_list
 
 from .support import NS, Env, body, headers
 
@@ -54,8 +54,6 @@ def test_body_after_routing_is_continued_unchanged() -> None:
 )
 def test_endpoint_uses_the_pool_port(address: str, endpoint: str) -> None:
     env = Env().pool().pod("p", address)
-    pool = env.datastore.pool_get()
-    assert pool is not None
     pod = env.datastore.pod_get(EndpointKey(NS, "p"))
     assert pod is not None
-    assert endpoint_of(pod, pool) == endpoint
+    assert destination_list([pod]) == endpoint

@@ -57,6 +57,24 @@ def test_describe_names_the_subset_shortly() -> None:
     assert many.count(",") == 8
 
 
+@pytest.mark.parametrize(("count", "cut"), [(8, False), (9, True)])
+def test_describe_names_eight_entries_and_marks_only_more(count: int, cut: bool) -> None:
+    described = parse_subset(",".join(f"10.0.1.{i}" for i in range(count))).describe()
+    assert described.endswith(",...") is cut, described
+    assert described.removesuffix(",...").count(",") == 7
+
+
+def test_a_name_that_is_not_an_address_is_kept_lower_cased() -> None:
+    assert parse_subset("Model-Server.Example:8000").endpoints == {("model-server.example", 8000)}
+
+
+def test_a_bracket_closes_at_its_first_closing_bracket() -> None:
+    subset = parse_subset("[fd00::1]]:8000")
+    assert (subset.hosts, subset.endpoints) == (frozenset(), frozenset()), (
+        "text after the bracket names nothing"
+    )
+
+
 def test_the_port_range_is_1_to_65535_and_brackets_need_an_address() -> None:
     subset = parse_subset("10.0.0.1:1,10.0.0.1:65535,10.0.0.1:65536,10.0.0.1:0,[]:8000,[],[fd00::2]x")
     assert subset.endpoints == {("10.0.0.1", 1), ("10.0.0.1", 65535)}

@@ -64,6 +64,15 @@ def test_no_space_after_data_colon_is_accepted() -> None:
     assert _scan([b'data:{"usage":{"prompt_tokens":2,"completion_tokens":5}}\n']) == Usage(2, 5)
 
 
+def test_only_data_lines_count() -> None:
+    """Comments and other fields may mention usage, even as JSON five bytes in, like `data:` lines."""
+    lines = [
+        b':    {"usage":{"prompt_tokens":9,"completion_tokens":9}}\n',
+        b'event {"usage":{"prompt_tokens":8}}\n',
+    ]
+    assert _scan(lines) is None
+
+
 def test_indented_and_undecodable_lines_are_ignored() -> None:
     chunks = [b' data: {"usage":{"prompt_tokens":9}}\n', b'data: {"usage": oops}\n', b"data: [DONE]\n"]
     assert _scan(chunks) is None

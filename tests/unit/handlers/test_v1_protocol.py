@@ -241,18 +241,19 @@ def test_the_selection_header_limits_the_candidates(value: str, candidates: list
 
 
 @pytest.mark.parametrize(
-    "value",
+    ("value", "named"),
     [
-        pytest.param(None, id="no-header"),
-        pytest.param("10.0.0.2:9000", id="right-ip-wrong-port"),
-        pytest.param("10.0.0.9", id="outside-the-pool"),
+        pytest.param(None, "(empty)", id="no-header"),
+        pytest.param("10.0.0.2:9000", "10.0.0.2:9000", id="right-ip-wrong-port"),
+        pytest.param("10.0.0.9", "10.0.0.9", id="outside-the-pool"),
     ],
 )
-def test_a_selection_naming_no_ready_endpoint_is_503(value: str | None) -> None:
+def test_a_selection_naming_no_ready_endpoint_is_503(value: str | None, named: str) -> None:
     env = three_pods(conformance=SELECTING)
     replies = run(env, selecting(value), body(COMPLETION))
     status, message, _ = immediate(replies[-1])
     assert (status, ENDPOINT_SELECTION_HEADER in message) == (503, True), message
+    assert message.endswith(f"header ({named})"), message
     assert env.scheduler.requests == [], "nothing is scheduled"
 
 
