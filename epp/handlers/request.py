@@ -44,7 +44,6 @@ class ModelView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Resolved:
-    model: str  # as the client asked for it
     target: str  # what the model server gets
     priority: int
     # Whether the names are ours (declared in an object) rather than the client's: only declared
@@ -80,7 +79,6 @@ def resolve(
     else:
         target, target_declared = model, False
     return Resolved(
-        model=model,
         target=target,
         priority=_priority(view, match, headers.get(OBJECTIVE_HEADER, "")),
         model_declared=match is not None and match.exact,

@@ -371,12 +371,16 @@ def test_a_response_status_from_400_counts_as_a_model_server_error(status: str, 
     assert env.sample("inference_model_request_error_total", ERRORS) == errors
 
 
-def test_a_status_that_is_not_a_number_is_no_error_and_no_failure(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("status", ["2xx", None])
+def test_a_status_that_is_not_a_number_or_missing_is_no_error_and_no_failure(
+    status: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
     env = routed_env()
+    response = _response_messages("application/json", [b"{}"], status or "")
+    if status is None:
+        response[0] = headers({"content-type": "application/json"}, response=True)
     with caplog.at_level(logging.WARNING):
-        run_exchange(
-            env, headers(), body(COMPLETION), *_response_messages("application/json", [b"{}"], "2xx")
-        )
+        run_exchange(env, headers(), body(COMPLETION), *response)
     assert env.sample("inference_model_request_error_total", ERRORS) is None
     assert [r.getMessage() for r in caplog.records] == []
 
