@@ -184,3 +184,25 @@ def test_the_endpoint_that_served_holds_the_request_and_its_prefix(
 
     asyncio.run(scenario())
     assert [r.getMessage() for r in caplog.records] == []
+
+
+def test_a_request_never_routed_and_a_lone_pick_report_release_nothing_wrongly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A refused request holds nothing to release; with no fallbacks sent, a served report changes
+    nothing. Neither is an error."""
+    e = env()
+    caplog.set_level(logging.WARNING)
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            refused = await exchange(channel, [headers(), body({"model": "no-such-model", "prompt": "x"})])
+            assert refused.code == grpc.StatusCode.OK, refused.details
+            call = await routed(channel)
+            await call.write(served_report("10.0.0.2:8000"))
+            await call.read()
+            assert {n: pod(e, n).dispatched.count for n in ("pod-1", "pod-2")} == {"pod-1": 1, "pod-2": 0}
+            await call.done_writing()
+
+    asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records] == []

@@ -196,8 +196,11 @@ def test_errors_become_immediate_responses(
 def test_unexpected_exception_is_logged_with_traceback(caplog: pytest.LogCaptureFixture) -> None:
     env = routed_env()
     env.scheduler.error = RuntimeError("scheduler bug")
+    trailers = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
     with caplog.at_level(logging.ERROR, logger="epp.handlers"):
-        run_exchange(env, headers(), body(COMPLETION))
+        replies = run_exchange(env, headers(), body(COMPLETION), trailers)
+    assert len(replies) == 2, "the 500 ended the stream: nothing after it is answered"
+    assert immediate(replies[-1])[:2] == (500, "internal error in the endpoint picker")
     (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
     text = record.getMessage()
     assert "Traceback (most recent call last)" in text

@@ -8,6 +8,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.api.types import EndpointKey
+from epp.errors import ResourceExhausted
 from epp.handlers.stream import ExtProcStream, destination_list
 
 from .support import NS, Env, body, headers
@@ -57,3 +58,23 @@ def test_endpoint_uses_the_pool_port(address: str, endpoint: str) -> None:
     pod = env.datastore.pod_get(EndpointKey(NS, "p"))
     assert pod is not None
     assert destination_list([pod]) == endpoint
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(ResourceExhausted("pool saturated"), id="a-refusal"),
+        pytest.param(RuntimeError("bug"), id="an-internal-error"),
+    ],
+)
+def test_an_immediate_response_ends_the_stream(error: Exception) -> None:
+    """Envoy takes an ImmediateResponse as the stream's last word: the EPP says it is done too."""
+    env = Env().pool().model("m").pod("pod-1", "10.0.0.1")
+    env.scheduler.error = error
+    stream = _stream(env)
+    asyncio.run(stream.handle(headers().SerializeToString()))
+    reply, end = asyncio.run(stream.handle(body({"model": "m"}).SerializeToString()))
+    assert isinstance(reply, bytes)
+    assert pb.ProcessingResponse.FromString(reply).HasField("immediate_response")
+    assert end
+    stream.close()
