@@ -8,6 +8,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.api.types import EndpointKey
+from epp.config import ConformanceHooks
 from epp.errors import ResourceExhausted
 from epp.handlers.stream import ExtProcStream, destination_list
 
@@ -77,4 +78,33 @@ def test_an_immediate_response_ends_the_stream(error: Exception) -> None:
     assert isinstance(reply, bytes)
     assert pb.ProcessingResponse.FromString(reply).HasField("immediate_response")
     assert end
+    stream.close()
+
+
+def test_the_served_endpoint_echo_keeps_the_stream_open_for_the_body() -> None:
+    env = (
+        Env(conformance=ConformanceHooks(served_endpoint_header=True))
+        .pool()
+        .model("m")
+        .pod("pod-1", "10.0.0.1")
+    )
+    stream = _stream(env)
+    asyncio.run(stream.handle(headers().SerializeToString()))
+    asyncio.run(stream.handle(body({"model": "m"}).SerializeToString()))
+    response = headers({":status": "200", "content-type": "application/json"}, response=True)
+    reply, end = asyncio.run(stream.handle(response.SerializeToString()))
+    assert reply is not None
+    assert not end, "the response body still has to pass"
+    stream.close()
+
+
+def test_a_content_length_that_is_not_a_number_is_ignored() -> None:
+    env = Env().pool().model("m").pod("pod-1", "10.0.0.1")
+    stream = _stream(env)
+    request = headers({":method": "POST", ":path": "/v1/completions", "content-length": "12abc"})
+    assert asyncio.run(stream.handle(request.SerializeToString()))[1] is False
+    reply, end = asyncio.run(stream.handle(body({"model": "m"}).SerializeToString()))
+    assert isinstance(reply, bytes)
+    assert pb.ProcessingResponse.FromString(reply).WhichOneof("response") == "request_body"
+    assert not end
     stream.close()
