@@ -15,6 +15,12 @@ at least 90% for each package, every survivor either killed by a new test or exp
     .venv/bin/python benchmarks/mutation.py [PACKAGE ...] [--max-children 2] [--report-only]
         PACKAGE: controller datastore k8s scheduling handlers h2 (default: those six)
     .venv/bin/mutmut show <mutant name>       # the diff of one survivor
+    .venv/bin/python benchmarks/mutation.py --by-hand tests/unit/handlers NAME [NAME ...]
+
+`--by-hand TESTS NAME...` checks survivors again after new tests, without a mutmut run (whose test
+selection dates from its stats run): each mutant's changed lines are swapped into `epp/` by hand,
+TESTS run (stopping at the first failure), and the file is restored whatever happens. Prints KILLED
+with the first failing line, or SURVIVES.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import collections
 import importlib.util
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +96,67 @@ def mutant_diff(name: str) -> str:
     return shown.stdout
 
 
+def changed_lines(diff: str) -> tuple[list[str], list[str], str]:
+    """(lines removed, lines added, the file) of a `mutmut show` diff."""
+    lines = diff.splitlines()
+    path = next(line[4:].strip() for line in lines if line.startswith("--- "))
+    removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in lines if line.startswith("+") and not line.startswith("+++")]
+    return removed, added, path
+
+
+def apply_mutant(source: str, removed: Sequence[str], added: Sequence[str]) -> str | None:
+    """`source` with the first run of `removed` lines (compared without indentation) replaced by
+    `added`, each at the indentation of the line it replaces; None if the lines are not there.
+
+    mutmut's diffs are of the function alone, dedented and with their own line numbers, so they
+    cannot go through `patch`."""
+    if not removed:
+        return None
+    lines = source.split("\n")
+    wanted = [line.strip() for line in removed]
+    for i in range(len(lines) - len(wanted) + 1):
+        if [line.strip() for line in lines[i : i + len(wanted)]] == wanted:
+            indents = [line[: len(line) - len(line.lstrip())] for line in lines[i : i + len(wanted)]]
+            replaced = [indents[min(k, len(indents) - 1)] + line.strip() for k, line in enumerate(added)]
+            return "\n".join([*lines[:i], *replaced, *lines[i + len(wanted) :]])
+    return None
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def by_hand(tests: str, names: Sequence[str]) -> int:
+    """Apply each mutant by hand, run `tests`, restore; how many survived.
+
+    SIGTERM is turned into an interrupt, so a `kill` (or SIGINT, which a shell's background job
+    ignores) still restores the file a mutant is in."""
+    signal.signal(signal.SIGTERM, _interrupted)
+    survived = 0
+    for name in names:
+        removed, added, path = changed_lines(mutant_diff(name))
+        target = ROOT / path
+        original = target.read_text()
+        mutated = apply_mutant(original, removed, added)
+        if mutated is None:
+            print(f"NOT APPLIED {name}: its lines are not in {path} (changed since the run?)")
+            continue
+        try:
+            target.write_text(mutated)
+            pytest = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", tests]
+            ran = subprocess.run(pytest, cwd=ROOT, capture_output=True, text=True, check=False)
+        finally:
+            target.write_text(original)
+        failure = next((line for line in ran.stdout.splitlines() if line.startswith(("E ", "FAILED"))), "")
+        if ran.returncode:
+            print(f"KILLED    {name}: {failure[:160]}")
+        else:
+            survived += 1
+            print(f"SURVIVES  {name}")
+    return survived
+
+
 def report(package: str, found: dict[str, str], seconds: float | None) -> None:
     counts = collections.Counter(found.values())
     decided = sum(n for status, n in counts.items() if status not in UNCOUNTED)
@@ -115,7 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("packages", nargs="*", default=list(DEFAULT_PACKAGES), metavar="PACKAGE")
     parser.add_argument("--max-children", type=int, default=2, help="mutants checked at once")
     parser.add_argument("--report-only", action="store_true", help="print what mutants/ holds, run nothing")
+    parser.add_argument(
+        "--by-hand",
+        metavar="TESTS",
+        help="apply the mutants named in place of packages by hand, run TESTS",
+    )
     args = parser.parse_args(argv)
+    if args.by_hand:
+        ensure_mutmut()
+        return 1 if by_hand(args.by_hand, args.packages) else 0
     unknown = [p for p in args.packages if not (ROOT / "epp" / p).is_dir()]
     if unknown:
         parser.error(f"not a package of epp/: {', '.join(unknown)}")

@@ -1,0 +1,57 @@
+"""`benchmarks/mutation.py --by-hand`: a mutmut diff (one function, dedented, with its own line
+numbers) swapped into the real source by its lines, at their indentation."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def _mutation() -> ModuleType:
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "mutation.py"
+    spec = importlib.util.spec_from_file_location("bench_mutation", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mutation = _mutation()
+
+SOURCE = """class Subset:
+    def describe(self) -> str:
+        text = ",".join(items[:8])
+        return text + (",..." if len(items) > 8 else "") if text else "(empty)"
+"""
+# As `mutmut show` prints it: the method alone, dedented, numbered from its own start.
+DIFF = """# epp.handlers.subset.xǁSubsetǁdescribe__mutmut_19: survived
+--- epp/handlers/subset.py
++++ epp/handlers/subset.py
+@@ -1,3 +1,3 @@
+ def describe(self) -> str:
+     text = ",".join(items[:8])
+-    return text + (",..." if len(items) > 8 else "") if text else "(empty)"
++    return text + (",..." if len(items) >= 8 else "") if text else "(empty)"
+"""
+
+
+def test_a_dedented_diff_lands_at_the_indentation_of_the_lines_it_replaces() -> None:
+    removed, added, path = mutation.changed_lines(DIFF)
+    assert path == "epp/handlers/subset.py"
+    mutated = mutation.apply_mutant(SOURCE, removed, added)
+    assert mutated == SOURCE.replace("> 8 else", ">= 8 else")
+
+
+@pytest.mark.parametrize(
+    ("removed", "added"),
+    [
+        pytest.param(["return 1"], ["return 2"], id="lines-not-there"),
+        pytest.param([], ["x = 1"], id="nothing-removed"),
+    ],
+)
+def test_a_mutant_whose_lines_are_not_there_is_not_applied(removed: list[str], added: list[str]) -> None:
+    assert mutation.apply_mutant(SOURCE, removed, added) is None
