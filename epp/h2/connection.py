@@ -649,7 +649,10 @@ class Connection(asyncio.Protocol):
         try:
             headers = tuple(self._decoder.decode(block, raw=True))
         except HPACKError as exc:  # the decoder's table may be out of step: the connection is lost
-            raise ConnectionError_(f.COMPRESSION_ERROR, f"undecodable header block: {exc}") from None
+            # The class only: the library's text can hold a repr with an address, sent to the peer.
+            raise ConnectionError_(
+                f.COMPRESSION_ERROR, f"undecodable header block ({type(exc).__name__})"
+            ) from None
         if (table.maxsize, tuple(table.dynamic_entries)) != before:
             self._header_cache.clear()
             self._request_cache.clear()

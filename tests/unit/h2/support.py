@@ -355,3 +355,11 @@ def goaway_code(data: bytes) -> int | None:
         if kind == f.GOAWAY:
             return int(f.U32.unpack_from(payload, 4)[0])
     return None
+
+
+def goaway_debug(data: bytes) -> str | None:
+    """The debug data of the first GOAWAY frame in ``data``: what the server tells the peer was wrong."""
+    for kind, _flags, _stream, payload in frames_in(data):
+        if kind == f.GOAWAY:
+            return bytes(payload[8:]).decode("utf-8", "replace")
+    return None

@@ -13,7 +13,17 @@ import pytest
 from epp.h2 import frames as f
 from epp.h2.connection import Connection, Limits, StreamError
 
-from .support import PATH, FakeTransport, Script, Wire, frames_in, goaway_code, grpc_message, header_block
+from .support import (
+    PATH,
+    FakeTransport,
+    Script,
+    Wire,
+    frames_in,
+    goaway_code,
+    goaway_debug,
+    grpc_message,
+    header_block,
+)
 
 
 def test_a_stream_gets_each_reply_in_order_then_ok_trailers() -> None:
@@ -344,41 +354,135 @@ def test_a_draining_connection_refuses_new_streams_and_finishes_open_ones() -> N
 
 
 PROTOCOL_VIOLATIONS = [
-    pytest.param(f.frame(f.DATA, 0, 0, b"x"), f.PROTOCOL_ERROR, id="data-on-stream-0"),
-    pytest.param(f.frame(f.DATA, 0, 7, b"x"), f.PROTOCOL_ERROR, id="data-on-an-idle-stream"),
-    pytest.param(f.frame(f.HEADERS, f.END_HEADERS, 2, header_block()), f.PROTOCOL_ERROR, id="even-stream"),
-    pytest.param(f.frame(f.CONTINUATION, f.END_HEADERS, 1, b""), f.PROTOCOL_ERROR, id="lone-continuation"),
+    pytest.param(f.frame(f.DATA, 0, 0, b"x"), f.PROTOCOL_ERROR, "DATA on stream 0", id="data-on-stream-0"),
+    pytest.param(
+        f.frame(f.DATA, 0, 7, b"x"), f.PROTOCOL_ERROR, "DATA on idle stream 7", id="data-on-an-idle-stream"
+    ),
+    pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS, 2, header_block()),
+        f.PROTOCOL_ERROR,
+        "HEADERS on stream 2",
+        id="even-stream",
+    ),
+    pytest.param(
+        f.frame(f.CONTINUATION, f.END_HEADERS, 1, b""),
+        f.PROTOCOL_ERROR,
+        "CONTINUATION without its HEADERS",
+        id="lone-continuation",
+    ),
     pytest.param(
         f.frame(f.HEADERS, 0, 1, header_block()) + f.frame(f.PING, 0, 0, b"12345678"),
         f.PROTOCOL_ERROR,
+        "a header block was interrupted",
         id="frame-inside-a-header-block",
     ),
-    pytest.param(f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff"), f.COMPRESSION_ERROR, id="bad-hpack"),
-    pytest.param(f.frame(f.HEADERS, f.END_HEADERS | f.PADDED, 1, b""), f.PROTOCOL_ERROR, id="no-pad-length"),
+    pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff"),
+        f.COMPRESSION_ERROR,
+        "undecodable header block (HPACKDecodingError)",
+        id="bad-hpack",
+    ),
+    pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS | f.PADDED, 1, b""),
+        f.PROTOCOL_ERROR,
+        "padded frame without a pad length",
+        id="no-pad-length",
+    ),
     pytest.param(
         f.frame(f.HEADERS, f.END_HEADERS | f.PADDED, 1, b"\x04abc"),
         f.PROTOCOL_ERROR,
+        "padding longer than the frame",
         id="padding-as-long-as-the-frame",
     ),
-    pytest.param(f.frame(f.SETTINGS, 0, 0, b"\x00\x04\x00"), f.FRAME_SIZE_ERROR, id="settings-length"),
     pytest.param(
-        f.settings_frame({f.SETTINGS_MAX_FRAME_SIZE: 100}), f.PROTOCOL_ERROR, id="settings-frame-size"
+        f.frame(f.SETTINGS, 0, 0, b"\x00\x04\x00"),
+        f.FRAME_SIZE_ERROR,
+        "SETTINGS payload not a multiple of 6",
+        id="settings-length",
     ),
-    pytest.param(f.window_update(0, f.MAX_WINDOW), f.FLOW_CONTROL_ERROR, id="window-overflow"),
-    pytest.param(f.window_update(0, 0), f.PROTOCOL_ERROR, id="window-update-of-zero"),
-    pytest.param(f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"), f.PROTOCOL_ERROR, id="push"),
-    pytest.param(f.frame(f.PING, 0, 0, b"short"), f.FRAME_SIZE_ERROR, id="ping-length"),
     pytest.param(
-        b"\x10\x00\x01" + b"\x00\x00\x00\x00\x00\x01", f.FRAME_SIZE_ERROR, id="frame-over-the-limit"
+        f.settings_frame({f.SETTINGS_MAX_FRAME_SIZE: 100}),
+        f.PROTOCOL_ERROR,
+        "max frame size 100 out of range",
+        id="settings-frame-size",
+    ),
+    pytest.param(
+        f.frame(f.SETTINGS, 0, 1, b""), f.PROTOCOL_ERROR, "SETTINGS on a stream", id="settings-on-a-stream"
+    ),
+    pytest.param(
+        f.frame(f.SETTINGS, f.ACK, 0, b"\x00" * 6),
+        f.FRAME_SIZE_ERROR,
+        "SETTINGS ACK with a payload",
+        id="settings-ack-with-a-payload",
+    ),
+    pytest.param(
+        f.window_update(0, f.MAX_WINDOW),
+        f.FLOW_CONTROL_ERROR,
+        "connection window over 2^31-1",
+        id="window-overflow",
+    ),
+    pytest.param(f.window_update(0, 0), f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0", id="window-update-of-zero"),
+    pytest.param(
+        f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"),
+        f.PROTOCOL_ERROR,
+        "a client cannot push",
+        id="push",
+    ),
+    pytest.param(
+        f.frame(f.PING, 0, 0, b"short"), f.FRAME_SIZE_ERROR, "PING of the wrong size", id="ping-length"
+    ),
+    pytest.param(
+        b"\x10\x00\x01" + b"\x00\x00\x00\x00\x00\x01",
+        f.FRAME_SIZE_ERROR,
+        "frame of 1048577 bytes over 16384",
+        id="frame-over-the-limit",
+    ),
+    pytest.param(
+        f.frame(f.PRIORITY, 0, 0, b"\x00\x00\x00\x01\x10"),
+        f.PROTOCOL_ERROR,
+        "PRIORITY on stream 0",
+        id="priority-on-stream-0",
+    ),
+    pytest.param(
+        f.frame(f.PRIORITY, 0, 1, b"\x00"),
+        f.FRAME_SIZE_ERROR,
+        "PRIORITY of the wrong size",
+        id="priority-length",
+    ),
+    pytest.param(
+        f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x01\x10"),
+        f.PROTOCOL_ERROR,
+        "stream 1 depends on itself",
+        id="priority-on-itself",
+    ),
+    pytest.param(
+        f.rst_stream(0, f.CANCEL), f.PROTOCOL_ERROR, "RST_STREAM on stream 0", id="reset-of-stream-0"
+    ),
+    pytest.param(
+        f.frame(f.RST_STREAM, 0, 1, b"\x00"),
+        f.FRAME_SIZE_ERROR,
+        "RST_STREAM of the wrong size",
+        id="reset-length",
+    ),
+    pytest.param(
+        f.rst_stream(9, f.CANCEL),
+        f.PROTOCOL_ERROR,
+        "RST_STREAM on idle stream 9",
+        id="reset-of-an-idle-stream",
+    ),
+    pytest.param(
+        f.frame(f.GOAWAY, 0, 1, b"\x00" * 8), f.PROTOCOL_ERROR, "GOAWAY on a stream", id="goaway-on-a-stream"
     ),
 ]
 
 
-@pytest.mark.parametrize(("data", "code"), PROTOCOL_VIOLATIONS)
-def test_a_protocol_violation_ends_the_connection_with_goaway(data: bytes, code: int) -> None:
+@pytest.mark.parametrize(("data", "code", "why"), PROTOCOL_VIOLATIONS)
+def test_a_protocol_violation_ends_the_connection_with_goaway(data: bytes, code: int, why: str) -> None:
+    """The GOAWAY's code, and its debug data telling the peer in words what was wrong."""
     wire = Wire(limits=Limits(max_frame_bytes=f.DEFAULT_MAX_FRAME))
     wire.raw(data)
-    assert goaway_code(wire.transport.take()) == code
+    out = wire.transport.take()
+    assert (goaway_code(out), goaway_debug(out)) == (code, why)
     assert wire.ended()
 
 

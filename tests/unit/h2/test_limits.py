@@ -22,6 +22,7 @@ from .support import (
     Wire,
     frames_in,
     goaway_code,
+    goaway_debug,
     grpc_message,
     header_block,
     resets_in,
@@ -317,19 +318,29 @@ def _stream_and(*frames: bytes) -> bytes:
 
 OPEN_HEADERS = f.frame(f.HEADERS, 0, 1, header_block())
 FLOODS = [
-    pytest.param(Limits(pings_per_second=5), ping() * 5, None, id="pings-at-the-rate"),
-    pytest.param(Limits(pings_per_second=5), ping() * 6, f.ENHANCE_YOUR_CALM, id="pings-over-the-rate"),
+    pytest.param(Limits(pings_per_second=5), ping() * 5, None, None, id="pings-at-the-rate"),
+    pytest.param(
+        Limits(pings_per_second=5),
+        ping() * 6,
+        f.ENHANCE_YOUR_CALM,
+        "PING over the rate limit",
+        id="pings-over-the-rate",
+    ),
     # The client's own SETTINGS at the start took one of the four.
-    pytest.param(Limits(settings_per_second=4), f.settings_frame({}) * 3, None, id="settings-at-the-rate"),
+    pytest.param(
+        Limits(settings_per_second=4), f.settings_frame({}) * 3, None, None, id="settings-at-the-rate"
+    ),
     pytest.param(
         Limits(settings_per_second=4),
         f.settings_frame({}) * 4,
         f.ENHANCE_YOUR_CALM,
+        "SETTINGS over the rate limit",
         id="settings-over-the-rate",
     ),
     pytest.param(
         Limits(resets_per_second=3),
         b"".join(headers(i) + f.rst_stream(i, f.CANCEL) for i in (1, 3, 5)),
+        None,
         None,
         id="resets-at-the-rate",
     ),
@@ -337,6 +348,7 @@ FLOODS = [
         Limits(resets_per_second=3),
         b"".join(headers(i) + f.rst_stream(i, f.CANCEL) for i in (1, 3, 5, 7)),
         f.ENHANCE_YOUR_CALM,
+        "RST_STREAM over the rate limit",
         id="rapid-reset",
     ),
     # Envoy resets each ext_proc stream it has had its answers on, once per request: never a flood.
@@ -346,6 +358,7 @@ FLOODS = [
             headers(i) + data(i, grpc_message(b"ask")) + f.rst_stream(i, f.CANCEL) for i in range(1, 41, 2)
         ),
         None,
+        None,
         id="resets-of-answered-streams",
     ),
     pytest.param(
@@ -354,6 +367,7 @@ FLOODS = [
             headers(i) + data(i, grpc_message(b"silent")) + f.rst_stream(i, f.CANCEL) for i in (1, 3, 5, 7)
         ),
         f.ENHANCE_YOUR_CALM,
+        "RST_STREAM over the rate limit",
         id="resets-of-streams-fed-but-not-answered",
     ),
     pytest.param(
@@ -363,20 +377,27 @@ FLOODS = [
             for i in range(1, 41, 2)
         ),
         None,
+        None,
         id="resets-of-finished-streams",
     ),
     pytest.param(
-        Limits(empty_frames_per_second=3), _stream_and(data(1, b"") * 3), None, id="empty-data-at-the-rate"
+        Limits(empty_frames_per_second=3),
+        _stream_and(data(1, b"") * 3),
+        None,
+        None,
+        id="empty-data-at-the-rate",
     ),
     pytest.param(
         Limits(empty_frames_per_second=3),
         _stream_and(data(1, b"") * 4),
         f.ENHANCE_YOUR_CALM,
+        "empty frames over the rate limit",
         id="empty-data-flood",
     ),
     pytest.param(
         Limits(empty_frames_per_second=1000),
         _stream_and(data(1, b"", end_stream=True) * 1),
+        None,
         None,
         id="empty-end",
     ),
@@ -384,11 +405,13 @@ FLOODS = [
         Limits(empty_frames_per_second=3, max_continuation_frames=100),
         OPEN_HEADERS + f.frame(f.CONTINUATION, 0, 1, b"") * 4,
         f.ENHANCE_YOUR_CALM,
+        "empty frames over the rate limit",
         id="empty-continuation-flood",
     ),
     pytest.param(
         Limits(max_continuation_frames=3),
         OPEN_HEADERS + f.frame(f.CONTINUATION, 0, 1, b"\x82") * 3,
+        None,
         None,
         id="continuations-at-the-cap",
     ),
@@ -396,19 +419,21 @@ FLOODS = [
         Limits(max_continuation_frames=3),
         OPEN_HEADERS + f.frame(f.CONTINUATION, 0, 1, b"\x82") * 4,
         f.ENHANCE_YOUR_CALM,
+        "too many CONTINUATION frames in a header block",
         id="continuation-flood",
     ),
 ]
 
 
-@pytest.mark.parametrize(("limits", "flood", "code"), FLOODS)
+@pytest.mark.parametrize(("limits", "flood", "code", "why"), FLOODS)
 def test_a_flood_past_its_rate_or_cap_ends_the_connection_calmly(
-    limits: Limits, flood: bytes, code: int | None
+    limits: Limits, flood: bytes, code: int | None, why: str | None
 ) -> None:
     wire = Wire(limits=limits)
     wire.transport.take()
     wire.raw(flood)
-    assert goaway_code(wire.transport.take()) == code
+    out = wire.transport.take()
+    assert (goaway_code(out), goaway_debug(out)) == (code, why)
     assert wire.ended() is (code is not None)
 
 
