@@ -666,7 +666,7 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         inflow = self._inflow
-        inflow.available -= size  # Inbound.receive, inline: this is the hot path
+        inflow.available -= size  # received: what the peer may still send (the hot path, inline)
         if inflow.available < 0:
             raise ConnectionError_(f.FLOW_CONTROL_ERROR, "the peer overran the connection window")
         if flags & f.PADDED:

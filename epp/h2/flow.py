@@ -19,11 +19,6 @@ class Inbound:
         self.available = size  # what the peer may still send
         self.owed = 0  # consumed, not yet given back
 
-    def receive(self, n: int) -> bool:
-        """The peer sent ``n`` flow-controlled bytes; False when that overran the window."""
-        self.available -= n
-        return self.available >= 0
-
     def consume(self, n: int) -> int:
         """``n`` received bytes are no longer held; the increment to send now, or 0."""
         self.owed += n

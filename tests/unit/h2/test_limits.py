@@ -561,6 +561,22 @@ def test_an_idle_connection_is_closed_in_two_steps() -> None:
     assert wire.ended()
 
 
+def test_the_idle_time_counts_from_the_last_stream_s_end() -> None:
+    """The check armed at the start fires 30 s later, half a second after the last stream ended:
+    the connection has been idle for 29.5 s only, so it waits for the rest."""
+    wire = Wire(limits=Limits(idle_timeout=30.0))
+    wire.transport.take()
+    sid = wire.open()
+    wire.clock.advance(0.5)
+    wire.send(sid, b"one", end=True)
+    wire.pump()
+    wire.transport.take()
+    wire.clock.advance(29.5)
+    assert goaways(wire.transport.take()) == []
+    wire.clock.advance(0.6)
+    assert goaways(wire.transport.take()) == [(2**31 - 1, f.NO_ERROR)]
+
+
 def test_a_connection_with_an_open_stream_is_not_idle() -> None:
     wire = Wire(limits=Limits(idle_timeout=30.0))
     sid = wire.open()
