@@ -124,3 +124,18 @@ def test_hpack_integers_read_back_as_an_hpack_decoder_reads_them(value: int, pre
     needs the multi-byte form, which a peer's decoder must read as the same number."""
     encoded = f.hpack_integer(value, prefix_bits, first=0)
     assert decode_integer(encoded, prefix_bits) == (value, len(encoded))
+
+
+@pytest.mark.parametrize(
+    ("message", "encoded"),
+    [
+        pytest.param(" ~", b" ~", id="printable-ends-kept"),
+        pytest.param("\x1f\x7f", b"%1F%7F", id="just-outside-encoded"),
+        pytest.param("100%", b"100%25", id="percent-encoded"),
+        pytest.param("é", b"%C3%A9", id="utf-8-bytes-encoded"),
+        pytest.param("\ud800", b"?", id="a-lone-surrogate-replaced"),
+    ],
+)
+def test_grpc_message_is_percent_encoded_outside_printable_ascii(message: str, encoded: bytes) -> None:
+    """gRPC's rule for `grpc-message`: 0x20-0x7E stay, except `%`; everything else (UTF-8) is %XX."""
+    assert f.grpc_message_encode(message) == encoded
