@@ -99,7 +99,9 @@ def mutant_diff(name: str) -> str:
 def changed_lines(diff: str) -> tuple[list[str], list[str], str]:
     """(lines removed, lines added, the file) of a `mutmut show` diff."""
     lines = diff.splitlines()
-    path = next(line[4:].strip() for line in lines if line.startswith("--- "))
+    path = next((line[4:].strip() for line in lines if line.startswith("--- ")), None)
+    if path is None:
+        raise SystemExit(f"not a mutant's diff (is the name one `mutmut show` knows?): {diff[:200]!r}")
     removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
     added = [line[1:] for line in lines if line.startswith("+") and not line.startswith("+++")]
     return removed, added, path
@@ -180,7 +182,7 @@ def report(package: str, found: dict[str, str], seconds: float | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("packages", nargs="*", default=list(DEFAULT_PACKAGES), metavar="PACKAGE")
+    parser.add_argument("packages", nargs="*", metavar="PACKAGE")
     parser.add_argument("--max-children", type=int, default=2, help="mutants checked at once")
     parser.add_argument("--report-only", action="store_true", help="print what mutants/ holds, run nothing")
     parser.add_argument(
@@ -190,13 +192,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.by_hand:
+        if not args.packages:
+            parser.error("--by-hand needs the names of the mutants to apply")
         ensure_mutmut()
         return 1 if by_hand(args.by_hand, args.packages) else 0
-    unknown = [p for p in args.packages if not (ROOT / "epp" / p).is_dir()]
+    packages = args.packages or list(DEFAULT_PACKAGES)
+    unknown = [p for p in packages if not (ROOT / "epp" / p).is_dir()]
     if unknown:
         parser.error(f"not a package of epp/: {', '.join(unknown)}")
     ensure_mutmut()
-    for package in args.packages:
+    for package in packages:
         seconds = None if args.report_only else run(package, args.max_children)
         report(package, verdicts(package), seconds)
     return 0
