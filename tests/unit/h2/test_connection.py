@@ -473,6 +473,13 @@ PROTOCOL_VIOLATIONS = [
     pytest.param(
         f.frame(f.GOAWAY, 0, 1, b"\x00" * 8), f.PROTOCOL_ERROR, "GOAWAY on a stream", id="goaway-on-a-stream"
     ),
+    pytest.param(
+        f.frame(f.HEADERS, 0, 1, b"\x00" * f.DEFAULT_MAX_FRAME)
+        + f.frame(f.CONTINUATION, 0, 1, b"\x00" * f.DEFAULT_MAX_FRAME) * 8,
+        f.PROTOCOL_ERROR,
+        "header block too large",
+        id="header-block-over-twice-the-header-list-limit",
+    ),
 ]
 
 
