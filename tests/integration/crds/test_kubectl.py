@@ -10,6 +10,7 @@ from harness.cluster.builders import ModelBuilder, PoolBuilder
 from harness.cluster.controlplane import ClusterAccess
 from harness.cluster.kube import Kube
 from harness.cluster.kubectl import kubectl
+from harness.cluster.releases import MODEL_KINDS_GROUP, V1ALPHA2
 
 # v0.3.0's CRD schema and kinds (InferenceModel): not applicable on v1 CRDs.
 pytestmark = [pytest.mark.integration, pytest.mark.api_generation("v1alpha2")]
@@ -31,10 +32,10 @@ def test_kubectl_gets_pools_and_models_with_upstream_printer_columns(
 
     lines = [line.split() for line in out.splitlines() if line.strip()]
     assert lines[0] == ["NAME", "AGE"]
-    assert lines[1][0] == "inferencepool.inference.networking.x-k8s.io/pool-a"
+    assert lines[1][0] == f"inferencepool.{V1ALPHA2.pool_group}/pool-a"
     assert lines[2] == ["NAME", "MODEL", "NAME", "INFERENCE", "POOL", "CRITICALITY", "AGE"]
     assert lines[3][:4] == [
-        "inferencemodel.inference.networking.x-k8s.io/model-a",
+        f"inferencemodel.{MODEL_KINDS_GROUP}/model-a",
         "llama-3",
         "pool-a",
         "Critical",
@@ -46,12 +47,12 @@ def test_kubectl_api_resources_lists_both_kinds(control_plane: ClusterAccess) ->
     out = kubectl(
         control_plane.kubeconfig_path,
         "api-resources",
-        "--api-group=inference.networking.x-k8s.io",
+        f"--api-group={V1ALPHA2.pool_group}",
         "-o",
         "name",
     )
 
     assert sorted(out.split()) == [
-        "inferencemodels.inference.networking.x-k8s.io",
-        "inferencepools.inference.networking.x-k8s.io",
+        f"inferencemodels.{MODEL_KINDS_GROUP}",
+        f"inferencepools.{V1ALPHA2.pool_group}",
     ]
