@@ -176,6 +176,12 @@ class _ParkedEpp(Generic[E]):
         self._paused = False
         return epp
 
+    async def route(self, request: TraceRequest) -> Target:
+        # Ours and the others alike: each model's InferenceObjective has its name (``BenchPool``).
+        return Target(
+            self._url, request.model, tuple(objective_headers(request.model, session_generation()).items())
+        )
+
 
 @dataclass
 class EppPolicy(_ParkedEpp[EppProcess]):
@@ -228,12 +234,6 @@ class EppPolicy(_ParkedEpp[EppProcess]):
             assert all(a is not None and a < FRESH_S for a in ages), f"metrics ages {ages}"
 
         eventually(fresh, timeout=30, message="the resumed EPP scraped every pod again")
-
-    async def route(self, request: TraceRequest) -> Target:
-        # The model's InferenceObjective has the model's name (``BenchPool``): a v1 request names it.
-        return Target(
-            self._url, request.model, tuple(objective_headers(request.model, session_generation()).items())
-        )
 
 
 # ---- another EPP (GIE's, llm-d-router's) behind Envoy -------------------------------------------
@@ -310,11 +310,6 @@ class ForeignEppPolicy(_ParkedEpp[ForeignEpp]):
             assert not behind, f"not scraped twice since the resume: {behind}"
 
         eventually(scraped_twice, timeout=30, message=f"the resumed {self.name} scraped every pod again")
-
-    async def route(self, request: TraceRequest) -> Target:
-        return Target(
-            self._url, request.model, tuple(objective_headers(request.model, session_generation()).items())
-        )
 
 
 def foreign_epp_policy(spec: str) -> ForeignEppPolicy:
