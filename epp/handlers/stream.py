@@ -446,7 +446,7 @@ class ExtProcStream:
 
     def _route_bodyless(self) -> bytes:
         """No body, no model: a uniform draw (as upstream), then as many other pods at random."""
-        _, pods = self._candidates()
+        pods = self._candidates(self._deps.datastore.pool_get())
         rng = self._deps.rng
         first = rng.choice(pods)
         others = [p for p in pods if p is not first]
@@ -513,7 +513,7 @@ class ExtProcStream:
         self.model = scanned.model if resolved.model_declared else UNKNOWN_MODEL
         target = resolved.target
         self.target = target if resolved.target_declared else UNKNOWN_MODEL
-        _, pods = self._candidates()
+        pods = self._candidates(pool)
         prefix = deps.accounting.prefix_query(scanned.prompt_head, target)
         request = LLMRequest(
             scanned.model, target, not resolved.sheddable, len(prefix.hashes), prefix.matches
@@ -554,9 +554,8 @@ class ExtProcStream:
             log.debug("routed model=%s target=%s to %s", scanned.model, target, endpoint)
         return reply
 
-    def _candidates(self) -> tuple[InferencePool, list[PodMetrics]]:
-        """The pool and the pods a request may go to: every ready pod, within the proxy's subset."""
-        pool = self._deps.datastore.pool_get()
+    def _candidates(self, pool: InferencePool | None) -> list[PodMetrics]:
+        """The pods a request to `pool` may go to: every ready pod, within the proxy's subset."""
         if pool is None:
             raise NoEndpoints(_NO_POOL)
         pods = list(self._deps.datastore.pod_get_all())
@@ -578,7 +577,7 @@ class ExtProcStream:
                     f"no ready endpoint of InferencePool {pool.key.name} is named in the request's "
                     f"{ENDPOINT_SELECTION_HEADER} header ({selection.describe()})"
                 )
-        return pool, pods
+        return pods
 
     def _fail(self, err: EppError) -> bytes:
         self._count_error(err.metric_code)
