@@ -35,7 +35,7 @@ REWRITE_PATH = f"{GROUP_PREFIX}/inferencemodelrewrites"
 
 @dataclass
 class Request:
-    verb: str  # "list" or "watch"
+    verb: str  # "list", "watch", "create" or "replace"
     path: str
     query: dict[str, str]
     headers: dict[str, str]
@@ -124,6 +124,13 @@ class FakeApiServer:
         self._notify()
         return self.rv
 
+    def raw_event(self, path: str, event_type: str, obj: JsonObject) -> None:
+        """Send watchers an event as given, the cache untouched: a type no server sends today, say."""
+        self.rv += 1
+        obj = {**obj, "metadata": {**obj.get("metadata", {}), "resourceVersion": str(self.rv)}}
+        self.collections.setdefault(path, Collection()).history.append(_Event(self.rv, event_type, obj))
+        self._notify()
+
     def compact(self, path: str) -> None:
         """Forget history: any watch from before now gets 410 Gone. Ends the open watches on `path`."""
         coll = self.collections.setdefault(path, Collection())
@@ -151,6 +158,7 @@ class FakeApiServer:
     # --- HTTP ---------------------------------------------------------------------------------
     # --- single objects (the EPP's Lease): GET by name, POST to the collection, PUT with a resourceVersion
     async def _create(self, request: web.Request) -> web.Response:
+        self._record("create", request)
         obj = await request.json()
         coll = self.collections.setdefault(request.path, Collection())
         if obj["metadata"]["name"] in coll.objects:
@@ -158,6 +166,7 @@ class FakeApiServer:
         return web.json_response(self.upsert(request.path, obj), status=201)
 
     async def _replace(self, request: web.Request) -> web.Response:
+        self._record("replace", request)
         collection, _, name = request.path.rpartition("/")
         obj = await request.json()
         current = self.collections.setdefault(collection, Collection()).objects.get(name)
@@ -183,11 +192,7 @@ class FakeApiServer:
         if one is not None:
             return one
         watch = query.get("watch") in ("true", "1")
-        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
-        self.requests.append(
-            Request("watch" if watch else "list", request.path, query, dict(request.headers),
-                    peer[1] if peer else 0)
-        )  # fmt: skip
+        self._record("watch" if watch else "list", request)
         faults = self.watch_faults if watch else self.list_faults
         fault = faults.popleft() if faults else ""
         if fault == "500":
@@ -209,6 +214,12 @@ class FakeApiServer:
         if fault == "hang":
             return await self._silent(request)
         return await self._watch(request, coll, query, since, fault)
+
+    def _record(self, verb: str, request: web.Request) -> None:
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        self.requests.append(
+            Request(verb, request.path, dict(request.query), dict(request.headers), peer[1] if peer else 0)
+        )
 
     async def _silent(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})

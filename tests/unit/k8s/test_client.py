@@ -8,6 +8,7 @@ import socket
 from collections.abc import AsyncGenerator
 
 import pytest
+from aiohttp import web
 
 from epp.k8s import client as client_module
 from epp.k8s.client import INFERENCE_POOLS, PODS, KubeClient, WatchEvent
@@ -229,3 +230,150 @@ def test_a_malformed_watch_line_says_what_it_was(line: bytes, says: str) -> None
 
 def test_an_event_without_a_type_has_an_empty_type() -> None:
     assert client_module._event(b'{"object": {"kind": "Pod"}}').type == ""
+
+
+def test_every_request_says_who_it_is_and_what_it_accepts() -> None:
+    """Audit logs and API priority-and-fairness see the EPP by its User-Agent; writes are JSON."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            await client.list(PODS, "ns1")
+            server.watch_faults.append("close")
+            await drain(client.watch(PODS, "ns1", "1", timeout_seconds=1))
+            leases = "/apis/coordination.k8s.io/v1/namespaces/ns1/leases"
+            created = await client.create_object(leases, {"metadata": {"name": "l1"}, "spec": {}})
+            await client.replace_object(f"{leases}/l1", created)
+            assert [r.verb for r in server.requests] == ["list", "watch", "create", "replace"]
+            for request in server.requests:
+                assert request.headers["Accept"] == "application/json"
+                assert request.headers["User-Agent"] == "epp/0.1 (inference endpoint picker)"
+                assert "Authorization" not in request.headers
+            assert [r.headers.get("Content-Type") for r in server.requests[2:]] == ["application/json"] * 2
+            assert server.requests[0].query == {"limit": "500"}
+            assert server.requests[1].query == {
+                "watch": "true",
+                "resourceVersion": "1",
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": "1",
+            }
+
+    run(main)
+
+
+def test_a_watch_lasts_at_least_a_second_and_stalls_after_twice_its_timeout() -> None:
+    """timeoutSeconds is whole seconds, at least 1 (0 would mean the server's own, much longer,
+    default); with no idle limit given, a watch silent for twice its timeout is dead."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.watch_faults.append("hang")
+            with pytest.raises(WatchStalledError, match=r"nothing read for 2s$"):
+                await drain(client.watch(PODS, "ns1", "1", timeout_seconds=0))
+            assert server.watches(POD_PATH)[0].query["timeoutSeconds"] == "1"
+
+    run(main)
+
+
+class CannedServer:
+    """An HTTP server answering each path with a fixed status, content type and body."""
+
+    def __init__(self, answers: dict[str, tuple[int, str, bytes]]) -> None:
+        self.answers = answers
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> CannedServer:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._answer)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        status, content_type, body = self.answers[request.path]
+        if request.query.get("watch") == "true":
+            resp = web.StreamResponse(status=status, headers={"Content-Type": content_type})
+            await resp.prepare(request)
+            await resp.write(body)
+            await resp.write_eof()
+            return resp
+        return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+
+
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/ns1/leases/l1"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        pytest.param(b"<html>proxy error</html>", f"GET .*{LEASE}: response is not JSON$", id="not-json"),
+        pytest.param(b"[1, 2]", f"GET .*{LEASE}: response is not a JSON object$", id="not-an-object"),
+    ],
+)
+def test_a_response_that_is_not_a_json_object_is_a_connection_error(body: bytes, says: str) -> None:
+    """A proxy's HTML page in place of the API server is not an object to act on: retried, never parsed."""
+
+    async def main() -> None:
+        answers = {LEASE: (200, "text/html", body)}
+        async with CannedServer(answers) as server, KubeClient(plain_config(server.url)) as client:
+            with pytest.raises(KubeConnectionError, match=says):
+                await client.get_object(LEASE)
+
+    run(main)
+
+
+def test_an_error_without_a_status_body_takes_the_http_reason_and_only_404_is_absent() -> None:
+    async def main() -> None:
+        answers = {
+            LEASE: (503, "text/plain", b"upstream connect error"),
+            "/gone": (404, "text/plain", b"404 page not found"),
+        }
+        async with CannedServer(answers) as server, KubeClient(plain_config(server.url)) as client:
+            with pytest.raises(ApiError) as caught:
+                await client.get_object(LEASE)
+            assert (caught.value.status, caught.value.reason, caught.value.message) == (
+                503,
+                "Service Unavailable",
+                "",
+            )
+            assert await client.get_object("/gone") is None
+
+    run(main)
+
+
+def test_a_watch_streams_a_last_event_without_its_newline_and_skips_blank_lines() -> None:
+    """kube-apiserver ends each event with a newline, but a proxy may cut the last one's: it still counts."""
+    events = (
+        b'\n{"type": "ADDED", "object": {"metadata": {"name": "p1", "resourceVersion": "5"}}}\n'
+        b"   \n"
+        b'{"type": "MODIFIED", "object": {"metadata": {"name": "p1", "resourceVersion": "6"}}}'
+    )
+
+    async def main() -> None:
+        seen: list[WatchEvent] = []
+        answers = {POD_PATH: (200, "application/json", events)}
+        async with CannedServer(answers) as server, KubeClient(plain_config(server.url)) as client:
+            await drain(client.watch(PODS, "ns1", "4"), seen)
+        assert [(e.type, e.resource_version) for e in seen] == [("ADDED", "5"), ("MODIFIED", "6")]
+
+    run(main)
+
+
+def test_a_watch_refused_with_a_status_is_an_api_error() -> None:
+    body = b'{"kind": "Status", "code": 403, "reason": "Forbidden", "message": "cannot watch pods"}'
+
+    async def main() -> None:
+        answers = {POD_PATH: (403, "application/json", body)}
+        async with CannedServer(answers) as server, KubeClient(plain_config(server.url)) as client:
+            with pytest.raises(ApiError) as caught:
+                await drain(client.watch(PODS, "ns1", "4"))
+        assert str(caught.value) == "403 Forbidden: cannot watch pods"
+
+    run(main)

@@ -106,20 +106,112 @@ def test_named_context_overrides_current(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cluster", "user", "context"),
+    ("cluster", "user", "context", "says"),
     [
-        pytest.param({}, {}, "missing", id="unknown-context"),
-        pytest.param({"certificate-authority": "nope.crt"}, {}, None, id="missing-ca-file"),
-        pytest.param({"certificate-authority-data": b64(b"garbage")}, {}, None, id="invalid-ca"),
-        pytest.param({}, {"client-certificate-data": b64(b"x")}, None, id="cert-without-key"),
+        pytest.param({}, {}, "missing", r"no context named 'missing'$", id="unknown-context"),
+        pytest.param(
+            {"certificate-authority": "nope.crt"},
+            {},
+            None,
+            r"^cannot read certificate-authority nope.crt: ",
+            id="missing-ca-file",
+        ),
+        pytest.param(
+            {"certificate-authority-data": b64(b"garbage")},
+            {},
+            None,
+            r"^invalid certificate authority: ",
+            id="invalid-ca",
+        ),
+        pytest.param(
+            {},
+            {"client-certificate-data": b64(b"x")},
+            None,
+            r"^client certificate and key must be given together$",
+            id="cert-without-key",
+        ),
+        pytest.param(
+            {},
+            {"client-key-data": b64(b"x")},
+            None,
+            r"^client certificate and key must be given together$",
+            id="key-without-cert",
+        ),
+        pytest.param(
+            {},
+            {"client-certificate-data": b64(b"x"), "client-key-data": b64(b"y")},
+            None,
+            r"^invalid client certificate or key: ",
+            id="unloadable-client-pair",
+        ),
+        pytest.param(
+            {"server": ""},
+            {},
+            None,
+            r"cluster of context 'ctx1' has no server$",
+            id="no-server",
+        ),
     ],
 )
-def test_bad_kubeconfig_is_a_config_error(
-    tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any], context: str | None
+def test_bad_kubeconfig_is_a_config_error_that_says_what_is_wrong(
+    tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any], context: str | None, says: str
 ) -> None:
     path = kubeconfig(tmp_path / "config", "https://127.0.0.1:6443", cluster, user)
-    with pytest.raises(KubeConfigError):
+    with pytest.raises(KubeConfigError, match=says):
         load_kubeconfig(path, context=context)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        pytest.param("- just\n- a list\n", r"is not a mapping$", id="not-a-mapping"),
+        pytest.param("a: [unclosed\n", r"^cannot read kubeconfig .*config: ", id="not-yaml"),
+    ],
+)
+def test_a_kubeconfig_that_is_not_one_is_a_config_error(tmp_path: Path, text: str, says: str) -> None:
+    (tmp_path / "config").write_text(text)
+    with pytest.raises(KubeConfigError, match=says):
+        load_kubeconfig(tmp_path / "config")
+
+
+def test_insecure_skip_tls_verify_and_the_tls_server_name(tmp_path: Path) -> None:
+    path = kubeconfig(
+        tmp_path / "config",
+        "https://127.0.0.1:6443",
+        {"insecure-skip-tls-verify": True, "tls-server-name": "kubernetes.default"},
+        {},
+    )
+    config = load_kubeconfig(path)
+    assert config.ssl_context is not None
+    assert (config.ssl_context.check_hostname, config.ssl_context.verify_mode) == (False, ssl.CERT_NONE)
+    assert config.tls_server_name == "kubernetes.default"
+    secure = load_kubeconfig(kubeconfig(tmp_path / "secure", "https://127.0.0.1:6443", {}, {}))
+    assert secure.ssl_context is not None
+    assert (secure.ssl_context.check_hostname, secure.ssl_context.verify_mode) == (True, ssl.CERT_REQUIRED)
+    assert secure.tls_server_name == ""
+
+
+def test_inline_data_wins_over_a_file_reference(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair]
+) -> None:
+    """kubectl's rule: `certificate-authority-data` is used and `certificate-authority` never read."""
+    ca, _, _ = pki
+    path = kubeconfig(
+        tmp_path / "config",
+        "https://127.0.0.1:6443",
+        {"certificate-authority-data": b64(ca.cert_pem), "certificate-authority": "absent.crt"},
+        {},
+    )
+    assert load_kubeconfig(path).ssl_context is not None
+
+
+def test_a_context_without_a_user_authenticates_with_nothing(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path / "config", "http://127.0.0.1:8080", {}, {"token": "never-used"})
+    doc = yaml.safe_load(path.read_text())
+    del doc["contexts"][1]["context"]["user"]
+    path.write_text(yaml.safe_dump(doc))
+    config = load_kubeconfig(path)
+    assert (config.authorization(), config.token, config.token_file) == (None, "", "")
 
 
 def service_account(tmp_path: Path, ca: TinyCA) -> Path:
@@ -164,9 +256,42 @@ def test_in_cluster_reads_the_service_account_dir_override_and_follows_a_rotated
     assert config.authorization() == "Bearer rotated-token"
 
 
-def test_in_cluster_outside_a_cluster_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(KubeConfigError):
-        load_incluster_config({}, sa_dir=tmp_path)
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({}, id="nothing"),
+        pytest.param({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, id="no-port"),
+        pytest.param({"KUBERNETES_SERVICE_PORT": "443"}, id="no-host"),
+    ],
+)
+def test_in_cluster_outside_a_cluster_is_a_config_error(tmp_path: Path, env: dict[str, str]) -> None:
+    with pytest.raises(
+        KubeConfigError, match=r"^KUBERNETES_SERVICE_HOST/PORT are not set: not running in a cluster$"
+    ):
+        load_incluster_config(env, sa_dir=tmp_path)
+
+
+@pytest.mark.parametrize("missing", ["token", "ca.crt"])
+def test_in_cluster_without_the_token_or_the_ca_is_a_config_error(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair], missing: str
+) -> None:
+    sa = service_account(tmp_path, pki[0])
+    (sa / missing).unlink()
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(KubeConfigError, match=f"^service-account token or CA missing under {sa}$"):
+        load_incluster_config(env, sa_dir=sa)
+
+
+def test_in_cluster_without_a_namespace_file_is_in_default(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair]
+) -> None:
+    sa = service_account(tmp_path, pki[0])
+    (sa / "namespace").unlink()
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    config = load_incluster_config(env, sa_dir=sa)
+    assert config.namespace == "default"
+    assert config.ssl_context is not None
+    assert (config.ssl_context.check_hostname, config.ssl_context.verify_mode) == (True, ssl.CERT_REQUIRED)
 
 
 def test_load_config_order(tmp_path: Path) -> None:
@@ -180,7 +305,16 @@ def test_load_config_order(tmp_path: Path) -> None:
     assert load_config(str(explicit), env, home=home).server.endswith(":1")
     assert load_config("", env, home=home).server.endswith(":2")
     assert load_config("", {}, home=home).server.endswith(":3")
-    with pytest.raises(KubeConfigError):
+    assert load_config("", {"KUBECONFIG": f":{from_env}:"}, home=home).server.endswith(":2")  # empty entries
+    # In a pod, the service account comes before a stray ~/.kube/config (no sa dir here: its error says so).
+    in_pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+              "EPP_SERVICE_ACCOUNT_DIR": str(tmp_path / "no-sa")}  # fmt: skip
+    with pytest.raises(KubeConfigError, match="service-account token or CA missing"):
+        load_config("", in_pod, home=home)
+    with pytest.raises(
+        KubeConfigError,
+        match=r"^no kubeconfig given, \$KUBECONFIG unset, not in a cluster, no ~/.kube/config$",
+    ):
         load_config("", {}, home=tmp_path / "nobody")
 
 

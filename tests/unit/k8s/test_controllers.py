@@ -158,7 +158,7 @@ class FlakyStore:
         return self.inner.pod_update_metrics_if_exist(key, metrics)
 
 
-def test_failed_reconcile_is_retried() -> None:
+def test_failed_reconcile_is_retried(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
             populate(server)
@@ -177,6 +177,60 @@ def test_failed_reconcile_is_retried() -> None:
             await eventually_async(pool_known, timeout=WAIT)
             assert flaky.pool_set_calls == 3
 
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    with caplog.at_level("ERROR", logger="epp.k8s.controllers"):
+        run(main)
+    # Each failure is logged with its traceback, the kind, the key and how many times it failed.
+    failures = [r for r in caplog.records if r.name == "epp.k8s.controllers"]
+    assert [r.getMessage() for r in failures] == [
+        "pool reconcile of ns1/pool failed (attempt 1); will retry",
+        "pool reconcile of ns1/pool failed (attempt 2); will retry",
+    ]
+    assert all(r.exc_info is not None for r in failures)
+
+
+def test_the_settings_reach_every_kind_and_each_runs_under_its_own_task_name() -> None:
+    """The reconnect backoff, bookmark interval and scope given to Controllers are what each
+    informer uses; a task dump (py-spy, aiomonitor) names each informer and worker by its kind."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            populate(server)
+            server.list_faults.extend(["500"] * 3)
+            sleep = RecordingSleep()
+            controllers = Controllers(
+                client,
+                new_datastore(),
+                POOL_KEY,
+                pool_group=V1ALPHA2_GROUP,
+                sleep=sleep,
+                reconnect_backoff=BackoffPolicy(initial=0.3, maximum=0.3, jitter=0.0),
+                bookmark_interval=40.0,
+            )
+            task = asyncio.create_task(controllers.run(), name="controllers")
+            await asyncio.wait_for(controllers.wait_synced(), WAIT)
+            assert sleep.delays == [0.3, 0.3, 0.3]  # each kind's first list failed once
+            names = {t.get_name() for t in asyncio.all_tasks()} - {"controllers", "Task-1"}
+            assert {n for n in names if n.startswith("epp-")} == {
+                f"epp-{role}-{kind}"
+                for role in ("informer", "worker")
+                for kind in ("pool", "rewrite", "pod")  # InferenceModel is a rewrite
+            }
+
+            async def all_watching() -> None:
+                watched = {r.path for r in server.requests if r.verb == "watch"}
+                assert watched == {POOL_PATH, MODEL_PATH, POD_PATH}
+
+            await eventually_async(all_watching, timeout=WAIT)
+            for request in server.requests:
+                assert request.query.get("fieldSelector") == (
+                    "metadata.name=pool" if request.path == POOL_PATH else None
+                )
+                if request.verb == "watch":
+                    assert 40 <= int(request.query["timeoutSeconds"]) <= 50
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -51,7 +51,12 @@ class Harness:
     """
 
     def __init__(
-        self, server: FakeApiServer, client: KubeClient, clock_step: float, bookmark_interval: float = 60.0
+        self,
+        server: FakeApiServer,
+        client: KubeClient,
+        clock_step: float,
+        bookmark_interval: float = 60.0,
+        first_handler: Callable[[InformerEvent[PodObject]], None] | None = None,
     ) -> None:
         self.server = server
         self.sleep = RecordingSleep()
@@ -68,6 +73,8 @@ class Harness:
         )
         self.events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self.cache_at_event: list[bool] = []
+        if first_handler is not None:
+            self.informer.add_handler(first_handler)
         self.informer.add_handler(self._record)
 
     def _record(self, event: InformerEvent[PodObject]) -> None:
@@ -93,10 +100,11 @@ async def started(
     setup: Callable[[FakeApiServer], None] = lambda s: None,
     clock_step: float = 10.0,
     bookmark_interval: float = 60.0,
+    first_handler: Callable[[InformerEvent[PodObject]], None] | None = None,
 ) -> AsyncIterator[Harness]:
     async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
         setup(server)
-        h = Harness(server, client, clock_step, bookmark_interval)
+        h = Harness(server, client, clock_step, bookmark_interval, first_handler)
         task = asyncio.create_task(h.informer.run(), name="test-informer")
         try:
             yield h
@@ -334,3 +342,84 @@ def test_while_the_api_is_away_retries_come_at_least_every_two_seconds() -> None
     delays = [DEFAULT_RECONNECT_BACKOFF.delay(attempt, rng) for attempt in range(64)]
     assert max(delays) <= 2.0
     assert delays[0] < 0.5, "the first retry is quick"
+
+
+def test_an_event_of_an_unknown_type_is_skipped_but_moves_the_version_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A newer server's event type (or a proxy's mangling) must neither stop the watch nor change
+    the cache; the watch still resumes after it."""
+
+    async def main() -> None:
+        async with started(two_pods) as h:
+            await h.next(2)
+            await h.watch_count(1)
+            h.server.raw_event(POD_PATH, "PATCHED", pod("p1", "10.9.9.9"))
+            h.server.upsert(POD_PATH, pod("p3"))
+            assert await h.next() == [("ADDED", "p3")]
+            cached = h.informer.get(key("p1"))
+            assert cached is not None
+            assert cached.pod_ip == "10.0.0.1"
+            assert h.informer.resource_version == str(h.server.rv)
+
+    with caplog.at_level("WARNING", logger="epp.k8s.informer"):
+        run(main)
+    assert [r.getMessage() for r in caplog.records] == ["pods/ns1: ignoring watch event of type 'PATCHED'"]
+
+
+def test_a_failing_handler_is_logged_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        def broken(event: InformerEvent[PodObject]) -> None:
+            raise RuntimeError("handler bug")
+
+        async with started(two_pods, first_handler=broken) as h:  # runs before the recording handler
+            assert sorted(await h.next(2)) == [("ADDED", "p1"), ("ADDED", "p2")]
+
+    with caplog.at_level("ERROR", logger="epp.k8s.informer"):
+        run(main)
+    failures = sorted(r.getMessage() for r in caplog.records)
+    assert failures == [
+        "pods/ns1: handler failed for ADDED ns1/p1",
+        "pods/ns1: handler failed for ADDED ns1/p2",
+    ]
+    assert all(r.exc_info is not None for r in caplog.records)
+
+
+def test_an_unparseable_object_never_cached_makes_no_event(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing was routable under that name, so there is nothing to delete: no event at all."""
+
+    async def main() -> None:
+        async with started(two_pods) as h:
+            await h.next(2)
+            await h.watch_count(1)
+            broken = pod("p9")
+            broken["metadata"]["labels"] = "not-a-map"  # type: ignore[index]
+            h.server.upsert(POD_PATH, broken)
+            h.server.upsert(POD_PATH, pod("p3"))
+            assert await h.next() == [("ADDED", "p3")]
+            assert h.informer.get(key("p9")) is None
+
+    with caplog.at_level("WARNING", logger="epp.k8s.informer"):
+        run(main)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("pods/ns1: cannot parse ns1/p9: ")
+
+
+def test_while_the_api_is_away_the_first_and_every_tenth_failure_warn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            server.list_faults.extend(["500"] * 21)
+
+        async with started(setup) as h:
+            await asyncio.wait_for(h.informer.wait_synced(), WAIT)
+
+    with caplog.at_level("DEBUG", logger="epp.k8s.informer"):
+        run(main)
+    failures = [r for r in caplog.records if "list failed" in r.getMessage()]
+    assert len(failures) == 21
+    assert [i + 1 for i, r in enumerate(failures) if r.levelname == "WARNING"] == [1, 11, 21]
+    assert failures[10].getMessage() == (
+        "pods/ns1: list failed: 500 InternalError: scripted failure; retrying in 4.00s (failure 11)"
+    )

@@ -239,3 +239,173 @@ def test_the_lease_goes_through_the_real_client() -> None:
             assert b.is_leader
 
     run(main)
+
+
+class Wall:
+    """A wall clock that advances one second per reading: each write's stamps are told apart."""
+
+    def __init__(self) -> None:
+        self.second = 0
+
+    def __call__(self) -> datetime:
+        self.second += 1
+        return datetime(2025, 1, 1, 0, 0, self.second, 250, tzinfo=UTC)
+
+
+def walled(
+    store: LeaseClient, clock: Clock, identity: str, wall: Wall, duration: float = 15.0
+) -> LeaderElector:
+    settings = LeaseSettings(identity, lease_duration=duration, renew_deadline=10.0, retry_period=2.0)
+    return LeaderElector(store, POOL, settings, monotonic=clock, wall=wall)
+
+
+def only(store: LeaseStore) -> dict[str, Any]:
+    (stored,) = store.objects.values()
+    return stored
+
+
+def test_the_lease_written_is_the_one_client_go_writes() -> None:
+    """Create, renew, take and release write the fields client-go's resourcelock reads (kubectl and
+    another elector of any language must understand whom the Lease names and since when)."""
+
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        a, b = walled(store, clock, "a", wall, duration=15.9), walled(store, clock, "b", wall)
+        await a.try_once()
+        path = f"{LEASES.format(namespace='ns1')}/{a.lease_name}"
+        assert list(store.objects) == [path]
+        assert only(store) == {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": a.lease_name, "resourceVersion": "1"},
+            "spec": {
+                "holderIdentity": "a",
+                "leaseDurationSeconds": 15,
+                "acquireTime": "2025-01-01T00:00:01.000250Z",
+                "renewTime": "2025-01-01T00:00:01.000250Z",
+                "leaseTransitions": 0,
+            },
+        }
+        clock.now += 2.0
+        await a.try_once()  # a renewal moves renewTime only
+        assert only(store)["spec"] == {
+            "holderIdentity": "a",
+            "leaseDurationSeconds": 15,
+            "acquireTime": "2025-01-01T00:00:01.000250Z",
+            "renewTime": "2025-01-01T00:00:02.000250Z",
+            "leaseTransitions": 0,
+        }
+        await a.release()  # holder emptied, one second left: the next elector need not wait
+        assert only(store)["spec"] == {
+            "holderIdentity": "",
+            "leaseDurationSeconds": 1,
+            "acquireTime": "2025-01-01T00:00:01.000250Z",
+            "renewTime": "2025-01-01T00:00:03.000250Z",
+            "leaseTransitions": 0,
+        }
+        await b.try_once()  # a take counts a transition and stamps the acquisition
+        assert only(store)["spec"] == {
+            "holderIdentity": "b",
+            "leaseDurationSeconds": 15,
+            "acquireTime": "2025-01-01T00:00:04.000250Z",
+            "renewTime": "2025-01-01T00:00:04.000250Z",
+            "leaseTransitions": 1,
+        }
+        assert only(store)["metadata"]["resourceVersion"] == "4"  # create, renew, release, take
+
+    asyncio.run(main())
+
+
+def test_the_holders_own_lease_duration_decides_when_it_expires() -> None:
+    """Another replica's Lease may say 30 s (its flag): we wait its 30 s, not our 15 s."""
+
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        slow = walled(store, clock, "slow", wall, duration=30.0)
+        b = walled(store, clock, "b", wall)
+        await slow.try_once()
+        await b.try_once()
+        clock.now += 29.0
+        await b.try_once()
+        assert (b.is_leader, store.holder()) == (False, "slow")
+        clock.now += 1.0
+        await b.try_once()
+        assert (b.is_leader, store.holder()) == (True, "b")
+
+    asyncio.run(main())
+
+
+def test_a_lease_deleted_under_the_elector_is_created_again() -> None:
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        a, b = walled(store, clock, "a", wall), walled(store, clock, "b", wall)
+        await a.try_once()
+        await b.try_once()
+        store.objects.clear()
+        await b.try_once()  # nothing to wait for: created, not taken
+        assert (b.is_leader, store.holder(), only(store)["spec"]["leaseTransitions"]) == (True, "b", 0)
+
+    asyncio.run(main())
+
+
+def test_release_writes_nothing_unless_it_holds_the_lease() -> None:
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        a, b = walled(store, clock, "a", wall), walled(store, clock, "b", wall)
+        await a.try_once()
+        await b.try_once()
+        before = copy.deepcopy(store.objects)
+        await b.release()  # never the leader
+        assert store.objects == before
+        # a believes it leads, but the Lease moved on meanwhile: releasing must not empty b's Lease.
+        stolen = only(store)
+        stolen["spec"]["holderIdentity"] = "c"
+        before = copy.deepcopy(store.objects)
+        await a.release()
+        assert store.objects == before
+        assert not a.is_leader
+
+    asyncio.run(main())
+
+
+def test_a_failed_release_is_a_warning_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        a = walled(store, clock, "a", wall)
+        await a.try_once()
+        store.down = True
+        await a.release()
+        assert not a.is_leader
+
+    with caplog.at_level("WARNING", logger="epp.k8s.leader"):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records] == [
+        "leader election: could not release lease "
+        "epp-ns1-pool.gateway-api-inference-extension.sigs.k8s.io: connection refused"
+    ]
+
+
+def test_a_failure_streak_warns_once_and_a_lost_renewal_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """RBAC without leases would otherwise be silent forever, or fill the log every retry period."""
+
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        a = walled(store, clock, "a", wall)
+        await a.try_once()
+        store.down = True
+        for _ in range(5):
+            clock.now += 2.0
+            await a.try_once()
+        store.down = False
+        await a.try_once()
+        assert a.is_leader  # took its own Lease back: it was still named in it
+        store.down = True
+        await a.try_once()
+
+    with caplog.at_level("WARNING", logger="epp.k8s.leader"):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "leader election: connection refused",
+        "leader election: could not renew for 10s: connection refused",
+        "leader election: connection refused",
+    ]
