@@ -88,6 +88,7 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
+        self.written: list[bytes] = []  # every write, kept (``chunks`` is emptied by ``take``)
         self.closed = False
         self.aborted = False
         self.reading = True
@@ -97,6 +98,7 @@ class FakeTransport:
     def write(self, data: bytes) -> None:
         assert not self.closed, "write after close"
         self.chunks.append(bytes(data))
+        self.written.append(bytes(data))
 
     def close(self) -> None:
         self.closed = True
@@ -146,6 +148,7 @@ class Script:
     end_on: bytes = b"end"
     fail_on: dict[bytes, Callable[[], BaseException]] = field(default_factory=dict)
     gate: asyncio.Future[None] | None = None
+    fail_when_cancelled: bool = False  # a handler whose clean-up on cancellation raises
 
     def reply(self, message: bytes) -> tuple[bytes | None, bool]:
         if message in self.fail_on:
@@ -171,6 +174,8 @@ class Handler:
                 await gate
             except asyncio.CancelledError:
                 self.cancelled = True
+                if self.script.fail_when_cancelled:
+                    raise RuntimeError("clean-up failed") from None
                 raise
         return self.script.reply(message)
 

@@ -540,3 +540,128 @@ def test_a_header_block_repeated_after_the_table_changed_is_decoded_again() -> N
         sid for kind, _, sid, payload in frames_in(wire.transport.take()) if b"grpc-status\x0212" in payload
     ]
     assert unimplemented == [7, 9]  # ...and so did stream 9: entry 62 is now that path
+
+
+def test_messages_held_behind_a_suspended_handle_give_their_window_back_once_handled() -> None:
+    asyncio.run(_test_messages_held_behind_a_suspended_handle_give_their_window_back_once_handled())
+
+
+WINDOW = 65_535
+HELD = [bytes([65 + i]) * 12_000 for i in range(4)]  # 48 KiB with their prefixes: past half a window
+
+
+async def _test_messages_held_behind_a_suspended_handle_give_their_window_back_once_handled() -> None:
+    """While a handler waits, the messages queued behind it keep the peer's stream window spent (the
+    server holds no more than the window); once they are handled it is credited back exactly, so the
+    peer can fill the whole window again, and again."""
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate), Limits(stream_window=WINDOW, connection_window=WINDOW))
+    sid = wire.open()
+    wire.send(sid, b"wait", *HELD)
+    wire.pump()
+    # The handled message is credited at once, the held ones not yet.
+    assert wire.client.local_flow_control_window(sid) == WINDOW - 4 * 12_005
+    gate.set_result(None)
+    await wire.settle()
+    assert wire.recorder.handlers[0].messages == [b"wait", *HELD]
+    assert wire.client.local_flow_control_window(sid) == WINDOW  # all of it, to the byte
+    for _ in range(2):  # the whole window, twice: the server's own count agrees with the peer's
+        wire.send(sid, *HELD, b"x" * (WINDOW - 5 * 12_005 - 5))
+        await wire.settle()
+        assert wire.results[sid].reset is None
+        assert wire.client.local_flow_control_window(sid) == WINDOW
+    wire.send(sid, b"end", end=True)
+    await wire.settle()
+    assert wire.results[sid].status == 0
+    assert len(wire.recorder.handlers[0].messages) == 1 + 4 + 2 * 5 + 1
+
+
+def test_a_few_bytes_held_behind_a_suspended_handle_are_credited_in_one_update_later() -> None:
+    asyncio.run(_test_a_few_bytes_held_behind_a_suspended_handle_are_credited_in_one_update_later())
+
+
+async def _test_a_few_bytes_held_behind_a_suspended_handle_are_credited_in_one_update_later() -> None:
+    """No WINDOW_UPDATE per small message (a frame per request would double the control traffic):
+    credit is owed until the window is half spent, then given back in one update."""
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate), Limits(stream_window=WINDOW, connection_window=WINDOW))
+    sid = wire.open()
+    wire.send(sid, b"wait", b"one", b"two")
+    wire.pump()
+    gate.set_result(None)
+    await wire.settle()
+    assert wire.recorder.handlers[0].messages == [b"wait", b"one", b"two"]
+    updates = [e for e in wire.events if isinstance(e, h2.events.WindowUpdated) and e.stream_id == sid]
+    assert updates == []
+    assert wire.client.local_flow_control_window(sid) == WINDOW - 3 * 5 - 4 - 3 - 3
+
+
+def test_no_window_update_for_a_stream_the_peer_has_ended() -> None:
+    asyncio.run(_test_no_window_update_for_a_stream_the_peer_has_ended())
+
+
+async def _test_no_window_update_for_a_stream_the_peer_has_ended() -> None:
+    """Messages held behind a suspended handle on a stream the peer has finished sending on: handled,
+    answered, and no stream credit sent (the peer has nothing more to send on it)."""
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate), Limits(stream_window=WINDOW, connection_window=WINDOW))
+    sid = wire.open()
+    wire.send(sid, b"wait", *HELD, end=True)
+    wire.pump()
+    gate.set_result(None)
+    await wire.settle()
+    assert wire.results[sid].replies == [b"re:wait", *(b"re:" + m for m in HELD)]
+    assert (wire.results[sid].status, wire.results[sid].message) == (0, "")
+    assert [
+        frame
+        for frame in frames_in(b"".join(wire.transport.written))
+        if frame[0] == f.WINDOW_UPDATE and frame[2] == sid
+    ] == []
+
+
+def test_a_resumed_handle_s_replies_go_out_in_one_write() -> None:
+    asyncio.run(_test_a_resumed_handle_s_replies_go_out_in_one_write())
+
+
+async def _test_a_resumed_handle_s_replies_go_out_in_one_write() -> None:
+    """What a resumed handle and the messages queued behind it produce (headers, replies, trailers)
+    leaves in one write, one system call, as a pass over received bytes does."""
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    sid = wire.open()
+    wire.send(sid, b"wait", b"two", b"three", end=True)
+    wire.pump()
+    gate.set_result(None)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(wire.transport.chunks) == 1
+    wire.pump()
+    assert wire.results[sid].replies == [b"re:wait", b"re:two", b"re:three"]
+    assert wire.server._tasks == set()  # a finished handle's task is not kept (memory stays bounded)
+
+
+def test_a_handler_that_fails_while_being_cancelled_is_logged_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    asyncio.run(_test_a_handler_that_fails_while_being_cancelled_is_logged_with_its_traceback(caplog))
+
+
+async def _test_a_handler_that_fails_while_being_cancelled_is_logged_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate, fail_when_cancelled=True))
+    sid = wire.open()
+    wire.send(sid, b"wait")
+    wire.pump()
+    with caplog.at_level(logging.ERROR, logger="epp.h2.connection"):
+        wire.client.reset_stream(sid, f.CANCEL)  # before the handle's task ever ran
+        wire.pump()
+        await wire.settle()
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert message.startswith("a cancelled gRPC stream handler failed:\nTraceback (most recent call last):\n")
+    assert message.endswith("RuntimeError: clean-up failed\n")
+    assert wire.recorder.handlers[0].closed == 1
+    assert wire.server.open_streams == 0
+    gate.cancel()
