@@ -45,10 +45,10 @@ class FilterNode:
 
     On success the output goes to `on_success` (else `on_success_or_failure`); on failure the
     original input goes to `on_failure` (else `on_success_or_failure`). With no applicable next node
-    the node's own output (possibly empty) is the result.
+    the node's own output (possibly empty) is the result. (Upstream's nodes carry a name for its
+    logs; nothing here logs per node, so the names live in `build_tree`'s comments.)
     """
 
-    name: str
     func: FilterFunc
     on_success: FilterNode | None = None
     on_failure: FilterNode | None = None

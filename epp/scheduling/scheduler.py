@@ -152,26 +152,24 @@ def fresh_pods(pods: Sequence[PodMetrics], now: float, threshold: float) -> list
 def build_tree(config: SchedulerConfig, rng: random.Random) -> FilterNode:
     """The v0.3.0 decision tree as data; the RNG is shared with the final draw."""
     soft_affinity = lora_soft_affinity(config.lora_affinity_threshold, rng)
-    least_kv = FilterNode("least KV cache percent", least_kv_cache)
-    queue_and_kv = FilterNode("least queuing", least_queuing, on_success_or_failure=least_kv)
-    queue_lora_and_kv = FilterNode(
-        "least queuing",
+    # Upstream's node names in the comments.
+    least_kv = FilterNode(least_kv_cache)  # "least KV cache percent"
+    queue_and_kv = FilterNode(least_queuing, on_success_or_failure=least_kv)  # "least queuing"
+    queue_lora_and_kv = FilterNode(  # "least queuing"
         least_queuing,
-        on_success_or_failure=FilterNode("low cost LoRA", soft_affinity, on_success_or_failure=least_kv),
+        on_success_or_failure=FilterNode(soft_affinity, on_success_or_failure=least_kv),  # "low cost LoRA"
     )
-    low_latency = FilterNode(
-        "low queueing",
+    low_latency = FilterNode(  # "low queueing"
         low_queueing(config.queueing_threshold_lora),
-        on_success=FilterNode("affinity LoRA", soft_affinity, on_success_or_failure=queue_and_kv),
+        on_success=FilterNode(soft_affinity, on_success_or_failure=queue_and_kv),  # "affinity LoRA"
         on_failure=queue_lora_and_kv,
     )
-    sheddable = FilterNode(
-        "has capacity for sheddable requests",
+    sheddable = FilterNode(  # "has capacity for sheddable requests"
         has_capacity_for_sheddable(config.queue_threshold_critical, config.kv_cache_threshold),
         on_success=queue_lora_and_kv,
-        on_failure=FilterNode("drop request", _drop),
+        on_failure=FilterNode(_drop),  # "drop request"
     )
-    return FilterNode("critical request", critical_request, on_success=low_latency, on_failure=sheddable)
+    return FilterNode(critical_request, on_success=low_latency, on_failure=sheddable)  # "critical request"
 
 
 def _drop(_: LLMRequest, pods: Pods) -> Pods:

@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from epp.api.types import EndpointKey
 from epp.config import (
+    IN_FLIGHT_SCORER,
     KV_CACHE_SCORER,
+    LORA_SCORER,
     PICKERS,
     PREFIX_SCORER,
     QUEUE_SCORER,
@@ -284,3 +286,82 @@ def test_fresh_pods_takes_one_odd_pod_out(update: dict[str, object], fresh: bool
     pods[2] = dataclasses.replace(pods[2], metrics=dataclasses.replace(pods[2].metrics, **update))  # type: ignore[arg-type]
     expected = pods if fresh else [pods[0], pods[1], pods[3]]
     assert fresh_pods(pods, NOW, THRESHOLD) == expected
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        pytest.param((WeightedScorer(PREFIX_SCORER, 3.0),), id="prefix-alone-a-column"),
+        pytest.param(
+            (WeightedScorer(PREFIX_SCORER, 3.0), WeightedScorer(QUEUE_SCORER, 1.0)), id="prefix-first"
+        ),
+        pytest.param(
+            (WeightedScorer(QUEUE_SCORER, 1.0), WeightedScorer(PREFIX_SCORER, 3.0)), id="prefix-sparse"
+        ),
+    ],
+)
+def test_a_one_block_prefix_is_credited_on_every_path(profile: tuple[WeightedScorer, ...]) -> None:
+    """The shortest prefix that counts (one block: a short system prompt) still draws requests to the
+    pod that holds it, whichever path the column takes (alone, first, or added sparsely last)."""
+    pods = [
+        PodMetrics(Pod(EndpointKey("default", f"p{i}"), "10.0.0.1", 8000), Metrics(updated_at=NOW))
+        for i in range(3)
+    ]
+    config = SchedulerConfig(kind=SCORER, profile=ScoringProfile(profile))
+    request = LLMRequest("m", "m", critical=True, prefix_blocks=1, prefix_matches={pods[1].pod.key: 1})
+    totals = CompiledProfile(config).totals(request, pods)
+    assert bits(totals) == bits(total_scores(request, pods, config))
+    assert totals[1] - totals[0] == 3.0
+
+
+def crafted(
+    name: str, queue: int, kv: float, active: set[str], waiting: set[str], flying: set[str]
+) -> PodMetrics:
+    return PodMetrics(
+        Pod(EndpointKey("default", name), "10.0.0.1", 8000),
+        Metrics(
+            waiting_queue_size=queue,
+            kv_cache_usage=kv,
+            active_models=frozenset(active),
+            waiting_models=frozenset(waiting),
+            max_active_models=2,
+            updated_at=NOW,
+        ),
+        Dispatched(len(flying) * 2, frozenset(flying), 0),
+    )
+
+
+# Every column tells these pods apart, and the LoRA column's corner cases are in them: "x" in flight
+# to b is an adapter because it runs on a (active elsewhere) and "w" in flight to c because it waits
+# on d (waiting elsewhere); each fills its pod's second slot.
+CRAFTED = [
+    crafted("a", 1, 0.1, {"x", "t"}, set(), set()),
+    crafted("b", 3, 0.7, {"y"}, set(), {"x"}),
+    crafted("c", 0, 0.4, {"y"}, set(), {"w"}),
+    crafted("d", 2, 0.9, set(), {"w"}, set()),
+]
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        pytest.param(((IN_FLIGHT_SCORER, 1.0), (KV_CACHE_SCORER, 2.0)), id="kv-second-after-another"),
+        pytest.param(((KV_CACHE_SCORER, 2.0), (QUEUE_SCORER, 1.0)), id="queue-and-kv-swapped"),
+        pytest.param(
+            ((QUEUE_SCORER, 1.0), (PREFIX_SCORER, 3.0), (KV_CACHE_SCORER, 2.0)), id="prefix-in-the-middle"
+        ),
+        pytest.param(((LORA_SCORER, 1.0), (QUEUE_SCORER, 0.5)), id="lora-adapters-in-flight"),
+    ],
+)
+def test_each_path_of_the_compiled_profile_is_taken_only_where_it_applies(
+    profile: tuple[tuple[str, float], ...],
+) -> None:
+    """The fused queue-and-KV column only for queue then KV, the sparse prefix only when last: for
+    pods on which every column differs (Hypothesis draws these profiles too rarely to be relied on)."""
+    config = SchedulerConfig(
+        kind=SCORER, profile=ScoringProfile(tuple(WeightedScorer(kind, w) for kind, w in profile))
+    )
+    request = LLMRequest("m", "t", critical=True, prefix_blocks=4, prefix_matches={CRAFTED[3].pod.key: 2})
+    assert bits(CompiledProfile(config).totals(request, CRAFTED)) == bits(
+        total_scores(request, CRAFTED, config)
+    )

@@ -117,6 +117,25 @@ def test_lora_soft_affinity_split_is_statistical() -> None:
     assert 0.77 * trials < hits < 0.83 * trials
 
 
+class FixedDraw(random.Random):
+    """Every draw is the same number: the boundary of the split, checked exactly."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+def test_a_draw_equal_to_the_threshold_spreads() -> None:
+    """Affinity when the draw is below the threshold (upstream: `rand.Float64() < threshold`), so a
+    threshold of 0 never keeps affinity and the draw at exactly the threshold goes to `available`."""
+    assert lora_soft_affinity(0.5, FixedDraw(0.5))(REQ, [AFFINITY, AVAILABLE]) == [AVAILABLE]
+    assert lora_soft_affinity(0.5, FixedDraw(0.4999))(REQ, [AFFINITY, AVAILABLE]) == [AFFINITY]
+    assert lora_soft_affinity(0.0, FixedDraw(0.0))(REQ, [AFFINITY, AVAILABLE]) == [AVAILABLE]
+
+
 def test_default_affinity_threshold_rarely_spreads() -> None:
     rng = random.Random(7)
     soft = lora_soft_affinity(0.999, rng)
@@ -137,7 +156,7 @@ def recorder(seen: list[list[str]]) -> FilterNode:
         seen.append(names(pods))
         return pods
 
-    return FilterNode("record", func)
+    return FilterNode(func)
 
 
 PODS = [pm("a"), pm("b"), pm("c")]
@@ -145,14 +164,14 @@ PODS = [pm("a"), pm("b"), pm("c")]
 
 def test_engine_success_passes_the_output_on() -> None:
     seen: list[list[str]] = []
-    node = FilterNode("keep a", keep("a"), on_success=recorder(seen), on_failure=recorder([]))
+    node = FilterNode(keep("a"), on_success=recorder(seen), on_failure=recorder([]))
     assert names(node.run(REQ, PODS)) == ["a"]
     assert seen == [["a"]]
 
 
 def test_engine_failure_passes_the_original_input_on() -> None:
     seen: list[list[str]] = []
-    node = FilterNode("keep none", keep(), on_success=recorder([]), on_failure=recorder(seen))
+    node = FilterNode(keep(), on_success=recorder([]), on_failure=recorder(seen))
     assert names(node.run(REQ, PODS)) == ["a", "b", "c"]
     assert seen == [["a", "b", "c"]]
 
@@ -166,16 +185,16 @@ def test_engine_failure_passes_the_original_input_on() -> None:
 )
 def test_engine_success_or_failure_branch(wanted: tuple[str, ...], seen_input: list[str]) -> None:
     seen: list[list[str]] = []
-    FilterNode("f", keep(*wanted), on_success_or_failure=recorder(seen)).run(REQ, PODS)
+    FilterNode(keep(*wanted), on_success_or_failure=recorder(seen)).run(REQ, PODS)
     assert seen == [seen_input]
 
 
 def test_engine_specific_branch_beats_either_branch() -> None:
     seen: list[list[str]] = []
-    node = FilterNode("f", keep("a"), on_success=recorder(seen), on_success_or_failure=recorder([]))
+    node = FilterNode(keep("a"), on_success=recorder(seen), on_success_or_failure=recorder([]))
     node.run(REQ, PODS)
     assert seen == [["a"]]
 
 
 def test_engine_failure_without_next_returns_empty() -> None:
-    assert FilterNode("none", keep(), on_success=recorder([])).run(REQ, PODS) == []
+    assert FilterNode(keep(), on_success=recorder([])).run(REQ, PODS) == []

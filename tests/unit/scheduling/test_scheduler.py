@@ -9,7 +9,7 @@ import pytest
 
 from epp.config import SchedulerConfig
 from epp.errors import NoEndpoints, ResourceExhausted
-from epp.scheduling import LLMRequest, Scheduler, build_tree
+from epp.scheduling import LLMRequest, Scheduler, build_tree, new_scheduler
 from epp.scheduling.filters import Pods
 
 from .pods import NOW, names, pm
@@ -197,3 +197,13 @@ def test_same_seed_same_decisions() -> None:
     a = [first.schedule(CRITICAL, pods).pod.key for _ in range(50)]
     b = [second.schedule(CRITICAL, pods).pod.key for _ in range(50)]
     assert a == b
+
+
+@pytest.mark.parametrize("kind", ["filter-tree", "scorer"])
+def test_a_scheduler_built_without_an_rng_draws_from_its_own(kind: str) -> None:
+    """`new_scheduler`'s RNG is optional: without one the draw still works, and spreads (two equal
+    pods both get picked)."""
+    scheduler = new_scheduler(SchedulerConfig(kind=kind), clock=lambda: NOW)
+    twins = [pm("a"), pm("b")]
+    picked = {scheduler.schedule(CRITICAL, twins).pod.key.name for _ in range(200)}
+    assert picked == {"a", "b"}
