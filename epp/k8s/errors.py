@@ -39,5 +39,5 @@ class ApiError(KubeError):
 class GoneError(ApiError):
     """410 Gone / Expired: the requested resourceVersion was compacted away; relist."""
 
-    def __init__(self, reason: str = "Expired", message: str = "") -> None:
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__(410, reason, message)

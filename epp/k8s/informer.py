@@ -108,7 +108,6 @@ class Informer(Generic[T]):
         self._absent_backoff = absent_backoff
         self._available = True  # False while an optional kind is absent or forbidden
         self._absent_attempts = 0
-        self._absent_reason = ""
         self._resource = resource
         self._namespace = namespace
         self._parse = parse
@@ -186,10 +185,6 @@ class Informer(Generic[T]):
     def available(self) -> bool:
         """False while an optional kind is absent (no CRD) or forbidden (RBAC): served without it."""
         return self._available
-
-    @property
-    def unavailable_reason(self) -> str:
-        return "" if self._available else self._absent_reason
 
     async def wait_synced(self) -> None:
         await self._synced.wait()
@@ -286,7 +281,6 @@ class Informer(Generic[T]):
                 self._absent_backoff.maximum,
             )
         self._available = False
-        self._absent_reason = str(exc)
         self._replace((), "")
         self._synced.set()
         delay = self._absent_backoff.delay(self._absent_attempts, self._rng)

@@ -343,6 +343,7 @@ def test_an_error_without_a_status_body_takes_the_http_reason_and_only_404_is_ab
                 "Service Unavailable",
                 "",
             )
+            assert str(caught.value) == "503 Service Unavailable"  # no dangling ": " without a message
             assert await client.get_object("/gone") is None
 
     run(main)

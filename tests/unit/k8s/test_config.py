@@ -108,7 +108,9 @@ def test_named_context_overrides_current(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("cluster", "user", "context", "says"),
     [
-        pytest.param({}, {}, "missing", r"no context named 'missing'$", id="unknown-context"),
+        pytest.param(
+            {}, {}, "missing", r"^kubeconfig .*/config: no context named 'missing'$", id="unknown-context"
+        ),
         pytest.param(
             {"certificate-authority": "nope.crt"},
             {},
@@ -166,9 +168,32 @@ def test_bad_kubeconfig_is_a_config_error_that_says_what_is_wrong(
     [
         pytest.param("- just\n- a list\n", r"is not a mapping$", id="not-a-mapping"),
         pytest.param("a: [unclosed\n", r"^cannot read kubeconfig .*config: ", id="not-yaml"),
+        pytest.param(
+            "contexts: [{name: c, context: {cluster: c}}]\n",
+            r"^kubeconfig .*/config: no context named ''$",
+            id="no-current-context",
+        ),
+        pytest.param(
+            "current-context: c\ncontexts: [{name: c, context: {user: u}}]\n",
+            r"^kubeconfig .*/config: no cluster named ''$",
+            id="context-without-a-cluster",
+        ),
+        pytest.param(
+            "current-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+            "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:6443'}}]\n",
+            r"^kubeconfig .*/config: no user named 'u'$",
+            id="unknown-user",
+        ),
+        pytest.param(
+            "current-context: c\ncontexts: [{name: c, context: {cluster: k}}]\n"
+            "clusters: [{name: k, cluster: {certificate-authority-data: ''}}]\n",
+            r"^kubeconfig .*/config: cluster of context 'c' has no server$",
+            id="cluster-without-a-server",
+        ),
     ],
 )
 def test_a_kubeconfig_that_is_not_one_is_a_config_error(tmp_path: Path, text: str, says: str) -> None:
+    """Also: references that lead nowhere, each error naming the file and what it looked for."""
     (tmp_path / "config").write_text(text)
     with pytest.raises(KubeConfigError, match=says):
         load_kubeconfig(tmp_path / "config")
@@ -292,6 +317,19 @@ def test_in_cluster_without_a_namespace_file_is_in_default(
     assert config.namespace == "default"
     assert config.ssl_context is not None
     assert (config.ssl_context.check_hostname, config.ssl_context.verify_mode) == (True, ssl.CERT_REQUIRED)
+
+
+def test_in_cluster_trusts_the_cluster_ca_and_nothing_else(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair]
+) -> None:
+    """The API server's certificate is checked against the service account's ca.crt, not the
+    system's store (which would trust any public CA's certificate for the API server's address)."""
+    sa = service_account(tmp_path, pki[0])
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    config = load_incluster_config(env, sa_dir=sa)
+    assert config.ssl_context is not None
+    expected = ssl.create_default_context(cadata=pki[0].cert_pem.decode()).get_ca_certs()
+    assert config.ssl_context.get_ca_certs() == expected
 
 
 def test_load_config_order(tmp_path: Path) -> None:

@@ -254,6 +254,10 @@ def test_cancel_before_sync_leaves_nothing_running() -> None:
                 assert len(sleep.delays) == 3
 
             await eventually_async(retried, timeout=WAIT)
+            # Nothing listed yet: no version received, none applied.
+            assert {
+                (p.received_resource_version, p.applied_resource_version) for p in controllers.progress()
+            } == {("", "")}
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -270,7 +274,7 @@ def test_run_twice_is_refused() -> None:
             )
             task = asyncio.create_task(controllers.run(), name="controllers")
             await asyncio.wait_for(controllers.wait_synced(), WAIT)
-            with pytest.raises(RuntimeError):
+            with pytest.raises(RuntimeError, match=r"^Controllers\.run\(\) may be called only once$"):
                 await controllers.run()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -423,3 +423,23 @@ def test_while_the_api_is_away_the_first_and_every_tenth_failure_warn(
     assert failures[10].getMessage() == (
         "pods/ns1: list failed: 500 InternalError: scripted failure; retrying in 4.00s (failure 11)"
     )
+
+
+def test_a_deletion_is_told_with_the_object_s_last_state_even_one_never_cached() -> None:
+    """Handlers get every deletion, with the object as the server last had it: also one the cache
+    never held (created and deleted between a list and the next watch), which a reconciler may hold
+    from before."""
+
+    async def main() -> None:
+        seen: list[InformerEvent[PodObject]] = []
+        async with started(two_pods, first_handler=seen.append) as h:
+            await h.next(2)
+            await h.watch_count(1)
+            h.server.raw_event(POD_PATH, "DELETED", pod("p9", "10.0.0.9"))
+            h.server.delete(POD_PATH, "p1")
+            assert await h.next(2) == [("DELETED", "p9"), ("DELETED", "p1")]
+        deleted = {e.key.name: e.obj for e in seen if e.type == "DELETED"}
+        assert deleted["p9"].pod_ip == "10.0.0.9"
+        assert deleted["p1"].pod_ip == "10.0.0.1"
+
+    run(main)

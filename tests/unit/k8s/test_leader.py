@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -409,3 +410,103 @@ def test_a_failure_streak_warns_once_and_a_lost_renewal_says_so(caplog: pytest.L
         "leader election: could not renew for 10s: connection refused",
         "leader election: connection refused",
     ]
+
+
+def test_each_take_counts_one_more_transition() -> None:
+    """leaseTransitions counts hand-overs over the Lease's whole life, whoever held it before."""
+
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        electors = [walled(store, clock, name, wall) for name in ("a", "b", "c")]
+        await electors[0].try_once()
+        for holder, taker in itertools.pairwise(electors):
+            await holder.release()
+            await taker.try_once()
+        assert (store.holder(), only(store)["spec"]["leaseTransitions"]) == ("c", 2)
+
+    asyncio.run(main())
+
+
+def test_a_lease_duration_under_two_seconds_is_written_as_one() -> None:
+    async def main() -> None:
+        store = LeaseStore()
+        settings = LeaseSettings("quick", lease_duration=1.5, renew_deadline=1.0, retry_period=0.5)
+        await LeaderElector(store, POOL, settings, monotonic=Clock(), wall=Wall()).try_once()
+        assert only(store)["spec"]["leaseDurationSeconds"] == 1
+
+    asyncio.run(main())
+
+
+def test_no_elector_leads_before_its_first_write_nor_after_releasing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new replica is NOT_SERVING until it holds the Lease; one that released it (drain, stop)
+    never takes it back, even when nobody else does; each change of role is logged once."""
+
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        a = walled(store, clock, "a", wall)
+        assert not a.is_leader
+        await a.try_once()
+        await a.try_once()
+        assert a.is_leader
+        await a.release()
+        for _ in range(3):
+            clock.now += 2.0
+            await a.try_once()
+        assert (a.is_leader, store.holder()) == (False, "")
+
+    with caplog.at_level("INFO", logger="epp.k8s.leader"):
+        asyncio.run(main())
+    name = "epp-ns1-pool.gateway-api-inference-extension.sigs.k8s.io"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"leader election: holding lease {name}",
+        f"leader election: not holding lease {name}",
+        f"leader election: lease {name} released",
+    ]
+
+
+def test_a_first_attempt_that_fails_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """RBAC without leases: the very first failure is the one an operator must see."""
+
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        store.down = True
+        await walled(store, clock, "a", wall).try_once()
+
+    with caplog.at_level("DEBUG", logger="epp.k8s.leader"):
+        asyncio.run(main())
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "leader election: connection refused")
+    ]
+
+
+def test_run_tries_every_retry_period_until_cancelled() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), Clock()
+        delays: list[float] = []
+        tried = asyncio.Event()
+
+        async def sleep(delay: float) -> None:
+            delays.append(delay)
+            if len(delays) == 3:
+                tried.set()
+                await asyncio.Event().wait()
+
+        elector = LeaderElector(
+            store,
+            POOL,
+            LeaseSettings("a", lease_duration=15.0, renew_deadline=10.0, retry_period=2.0),
+            monotonic=clock,
+            wall=Wall(),
+            sleep=sleep,
+        )
+        task = asyncio.create_task(elector.run())
+        await asyncio.wait_for(tried.wait(), 10.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert delays == [2.0, 2.0, 2.0]
+        assert only(store)["metadata"]["resourceVersion"] == "3"  # created, then renewed twice
+
+    asyncio.run(main())

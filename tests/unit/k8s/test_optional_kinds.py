@@ -12,12 +12,13 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from epp.api import NamespacedName
+from epp.api import NamespacedName, v1
 from epp.api.types import V1_GROUP, V1ALPHA2_GROUP
 from epp.datastore import Datastore, new_datastore
 from epp.k8s.backoff import BackoffPolicy
-from epp.k8s.client import KubeClient
+from epp.k8s.client import KubeClient, Resource
 from epp.k8s.controllers import Controllers
+from epp.k8s.informer import Informer
 from harness.base.eventually import eventually_async
 from harness.cluster.builders import PodBuilder
 from tests.unit.api import objects
@@ -187,3 +188,58 @@ def test_v1alpha2_inference_models_stay_required() -> None:
                 await task
 
     run(main)
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        pytest.param(
+            404,
+            "inferenceobjectives/ns1: not served (no CRD?): 404 NotFound: the server could not find the "
+            "requested resource; serving without it, and looking again every 8s at most",
+            id="no-crd",
+        ),
+        pytest.param(
+            403,
+            'inferenceobjectives/ns1: forbidden (RBAC?): 403 Forbidden: pods is forbidden: User "x" cannot '
+            "list; serving without it, and looking again every 8s at most",
+            id="rbac",
+        ),
+    ],
+)
+def test_an_absent_kind_says_why_and_is_looked_for_again_ever_less_often(
+    caplog: pytest.LogCaptureFixture, status: int, says: str
+) -> None:
+    """The warning names the likely cause (a missing CRD or RBAC rule) and the longest wait; the
+    looks back off from the policy's first delay to its cap, and the kind counts as synced, empty,
+    at no resourceVersion."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            (server.absent if status == 404 else server.forbidden).add(OBJECTIVE_PATH)
+            sleep = RecordingSleep()
+            informer: Informer[object] = Informer(
+                client,
+                Resource(v1.OPTIONAL_GROUP, v1.OPTIONAL_VERSION, v1.OBJECTIVES),
+                "ns1",
+                lambda raw: raw,
+                sleep=sleep,
+                optional=True,
+                absent_backoff=BackoffPolicy(initial=1.0, maximum=8.0, factor=2.0, jitter=0.0),
+            )
+            task = asyncio.create_task(informer.run(), name="objectives")
+
+            async def looked_six_times() -> None:
+                assert len(sleep.delays) >= 6
+
+            await eventually_async(looked_six_times, timeout=WAIT)
+            assert sleep.delays[:6] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+            assert (informer.has_synced, informer.available, informer.objects()) == (True, False, ())
+            assert informer.resource_version == ""
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    with caplog.at_level(logging.WARNING, logger=INFORMER_LOG):
+        run(main)
+    assert [r.getMessage() for r in caplog.records] == [says]

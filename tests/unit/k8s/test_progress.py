@@ -102,6 +102,9 @@ def test_after_sync_every_kind_is_idle_at_the_list_version_with_its_scope() -> N
                 assert progress.received_resource_version == progress.applied_resource_version == listed
             assert report["inferencepools"].field_selector == "metadata.name=pool"
             assert report["pods"].field_selector is None
+            for progress in report.values():
+                assert progress.label_selector is None  # each kind is watched whole, within the namespace
+                assert (progress.relists, progress.stalled_watches) == (0, 0)
 
     run(main)
 
@@ -208,6 +211,7 @@ def test_a_relist_after_410_sets_the_applied_version_from_the_list() -> None:
                 assert now.idle, now
                 assert now.applied_resource_version == str(r.server.rv)
                 assert "p3" in {pm.pod.key.name for pm in r.store.pod_get_all()}
+                assert (now.relists, now.stalled_watches) == (1, 0)  # what the debug view shows
 
             await eventually_async(relisted, timeout=WAIT)
 

@@ -83,14 +83,37 @@ def test_an_unreadable_token_keeps_the_last_one_read(
     source = TokenFile(str(tmp_path / "token"))
     assert source.read() == "t1"
     (tmp_path / "token").unlink()
-    with caplog.at_level(logging.WARNING, logger="epp.k8s.config"):
+    with caplog.at_level(logging.INFO, logger="epp.k8s.config"):
         assert source.read() == "t1"
+        assert caplog.records, "the first failed read warns at once"
         assert source.read() == "t1"
-    warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1, warnings  # once per failure streak, not per request
-    assert "token" in warnings[0]
-    swap_in(tmp_path, "t3")
-    assert source.read() == "t3"
+        swap_in(tmp_path, "t3")
+        assert source.read() == "t3"
+        (tmp_path / "token").unlink()
+        assert source.read() == "t3"  # a second streak warns again
+    gone = f"[Errno 2] No such file or directory: '{tmp_path / 'token'}'"
+    warning = f"cannot re-read the bearer token file {tmp_path / 'token'} ({gone}); using the last token read"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", warning),  # once per failure streak, not per request
+        ("INFO", f"bearer token file {tmp_path / 'token'} readable again"),
+        ("WARNING", warning),
+    ]
+
+
+def test_an_unchanged_file_is_not_read_again(tmp_path: Path) -> None:
+    """One stat per request, a read only when the file's inode, size or time changed: the content of
+    a file whose stamp is unchanged is the token already held."""
+    swap_in(tmp_path, "t1")
+    token = tmp_path / "token"
+    source = TokenFile(str(token))
+    assert source.read() == "t1"
+    stamp = token.stat()
+    with token.open("r+") as f:  # same inode, same size
+        f.write("t9")
+    os.utime(token, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert source.read() == "t1"
+    os.utime(token, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1))
+    assert source.read() == "t9"
 
 
 def test_a_token_never_read_is_a_retryable_error(tmp_path: Path) -> None:
