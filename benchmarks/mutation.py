@@ -12,15 +12,17 @@ changes `epp/`, a package at a time. mutmut comes from `requirements/mutation.tx
 installed into .venv on first use. Prints, never asserts; the target (issue 24) is a kill rate of
 at least 90% for each package, every survivor either killed by a new test or explained.
 
-    .venv/bin/python benchmarks/mutation.py [PACKAGE ...] [--max-children 2] [--report-only]
+    .venv/bin/python benchmarks/mutation.py [PACKAGE ...] [--max-children 2] [--report-only] [--survivors]
         PACKAGE: controller datastore k8s scheduling handlers h2 (default: those six)
     .venv/bin/mutmut show <mutant name>       # the diff of one survivor
     .venv/bin/python benchmarks/mutation.py --by-hand tests/unit/handlers NAME [NAME ...]
 
-`--by-hand TESTS NAME...` checks survivors again after new tests, without a mutmut run (whose test
-selection dates from its stats run): each mutant's changed lines are swapped into `epp/` by hand,
-TESTS run (stopping at the first failure), and the file is restored whatever happens. Prints KILLED
-with the first failing line, or SURVIVES.
+`--survivors` checks every survivor of the packages again through mutmut, after new tests were
+written: mutmut first collects which functions the new tests reach, then runs each survivor's tests.
+`--by-hand TESTS NAME...` checks named mutants against TESTS without mutmut: each mutant's changed
+lines are swapped into `epp/` by hand, TESTS run (stopping at the first failure), and the file is
+restored whatever happens. Prints KILLED with the first failing line, or SURVIVES (the way to show
+one new test failing with its mutant planted).
 """
 
 from __future__ import annotations
@@ -59,9 +61,16 @@ def ensure_mutmut() -> None:
     subprocess.run([*pip, "-r", str(lock)], check=True)
 
 
-def run(package: str, max_children: int) -> float:
+def run(package: str, max_children: int, names: Sequence[str] = ()) -> float:
+    """mutmut on the package's mutants not yet checked, or on ``names`` again (whatever they got)."""
     began = time.monotonic()
-    command = [str(VENV_BIN / "mutmut"), "run", "--max-children", str(max_children), f"epp.{package}.*"]
+    command = [
+        str(VENV_BIN / "mutmut"),
+        "run",
+        "--max-children",
+        str(max_children),
+        *(names or [f"epp.{package}.*"]),
+    ]
     print(f"==> {' '.join(command[1:])}", flush=True)
     # mutmut draws a spinner on stdout; its verdicts are read from mutants/ afterwards.
     subprocess.run(command, cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
@@ -186,6 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=2, help="mutants checked at once")
     parser.add_argument("--report-only", action="store_true", help="print what mutants/ holds, run nothing")
     parser.add_argument(
+        "--survivors",
+        action="store_true",
+        help="check the packages' survivors again (after new tests: mutmut picks up the new tests first)",
+    )
+    parser.add_argument(
         "--by-hand",
         metavar="TESTS",
         help="apply the mutants named in place of packages by hand, run TESTS",
@@ -202,7 +216,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"not a package of epp/: {', '.join(unknown)}")
     ensure_mutmut()
     for package in packages:
-        seconds = None if args.report_only else run(package, args.max_children)
+        again: list[str] = []
+        if args.survivors:
+            again = [n for n, status in verdicts(package).items() if status not in KILLED | UNCOUNTED]
+            print(f"==> epp/{package}: {len(again)} survivors checked again", flush=True)
+        seconds = (
+            None
+            if args.report_only or (args.survivors and not again)
+            else run(package, args.max_children, again)
+        )
         report(package, verdicts(package), seconds)
     return 0
 

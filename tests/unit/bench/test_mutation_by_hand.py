@@ -1,5 +1,6 @@
 """`benchmarks/mutation.py --by-hand`: a mutmut diff (one function, dedented, with its own line
-numbers) swapped into the real source by its lines, at their indentation."""
+numbers) swapped into the real source by its lines, at their indentation; `--survivors`: only the
+survivors, by name."""
 
 from __future__ import annotations
 
@@ -55,3 +56,27 @@ def test_a_dedented_diff_lands_at_the_indentation_of_the_lines_it_replaces() -> 
 )
 def test_a_mutant_whose_lines_are_not_there_is_not_applied(removed: list[str], added: list[str]) -> None:
     assert mutation.apply_mutant(SOURCE, removed, added) is None
+
+
+def test_survivors_are_run_again_by_name_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--survivors`: mutmut gets exactly the survivors' names (it re-runs named mutants whatever
+    they got before), never the package's glob, which would leave the survivors as they were."""
+    found = {
+        "epp.k8s.a__mutmut_1": "killed",
+        "epp.k8s.a__mutmut_2": "survived",
+        "epp.k8s.b__mutmut_1": "timeout",
+        "epp.k8s.b__mutmut_2": "no tests",
+        "epp.k8s.c__mutmut_1": "not checked",
+    }
+    runs: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(mutation, "ensure_mutmut", lambda: None)
+    monkeypatch.setattr(mutation, "verdicts", lambda package: found)
+    monkeypatch.setattr(mutation, "report", lambda package, verdicts, seconds: None)
+    monkeypatch.setattr(
+        mutation, "run", lambda package, children, names=(): runs.append((package, tuple(names))) or 1.0
+    )
+    assert mutation.main(["k8s", "--survivors"]) == 0
+    assert runs == [("k8s", ("epp.k8s.a__mutmut_2", "epp.k8s.b__mutmut_2"))]
+    runs.clear()
+    assert mutation.main(["k8s"]) == 0
+    assert runs == [("k8s", ())]

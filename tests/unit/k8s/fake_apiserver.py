@@ -62,7 +62,8 @@ class FakeApiServer:
         self.requests: list[Request] = []
         self.rv = 100
         # Scripted failures, consumed one per request of that verb: "gone", "gone-event", "drop:<n>"
-        # (close the connection after n events), "close" (end the watch at once), "500", "hang"
+        # (close the connection after n events), "close" (end the watch at once), "once" (end the
+        # watch cleanly after the first events it sends), "500", "hang"
         # (a watch that sends its headers and then nothing, ever: a half-open connection's view).
         self.list_faults: deque[str] = deque()
         self.watch_faults: deque[str] = deque()
@@ -269,7 +270,7 @@ class FakeApiServer:
                     assert request.transport is not None
                     request.transport.close()  # mid-stream: no terminating chunk
                     return resp
-            if coll.compacted != compacted_at_start:
+            if coll.compacted != compacted_at_start or (fault == "once" and sent):
                 break  # history compacted under this watch: end it, the client re-watches and gets 410
             await changed.wait()
         with contextlib.suppress(ConnectionResetError):  # the client may already have gone

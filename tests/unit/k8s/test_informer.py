@@ -438,8 +438,79 @@ def test_a_deletion_is_told_with_the_object_s_last_state_even_one_never_cached()
             h.server.raw_event(POD_PATH, "DELETED", pod("p9", "10.0.0.9"))
             h.server.delete(POD_PATH, "p1")
             assert await h.next(2) == [("DELETED", "p9"), ("DELETED", "p1")]
+            h.server.upsert(POD_PATH, pod("p2", "10.0.0.2"))
+            assert await h.next() == [("MODIFIED", "p2")]
+            h.server.delete(POD_PATH, "p2", record=False)  # missed: found out by the relist after 410
+            h.server.compact(POD_PATH)
+            assert await h.next() == [("DELETED", "p2")]
         deleted = {e.key.name: e.obj for e in seen if e.type == "DELETED"}
         assert deleted["p9"].pod_ip == "10.0.0.9"
         assert deleted["p1"].pod_ip == "10.0.0.1"
+        assert deleted["p2"].pod_ip == "10.0.0.2"  # the last state the cache held
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    ("lasted", "backs_off"),
+    [pytest.param(0.4, True, id="under-half-its-timeout"), pytest.param(0.5, False, id="half-its-timeout")],
+)
+def test_a_watch_is_very_short_under_half_its_one_second_timeout(lasted: float, backs_off: bool) -> None:
+    """client-go's "very short watch", scaled to a short timeout: a 1 s watch (the least asked for)
+    that ends empty within 0.5 s is a failure to back off from; one that lasted 0.5 s is not."""
+
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            server.watch_faults.append("close")
+
+        async with started(setup, clock_step=lasted, bookmark_interval=0.5) as h:
+            await h.watch_count(2)
+            assert h.sleep.delays == ([0.5] if backs_off else [])
+            assert {r.query["timeoutSeconds"] for r in h.server.watches(POD_PATH)} == {"1"}
+
+    run(main)
+
+
+def test_a_short_watch_that_brought_events_is_healthy() -> None:
+    """Ending at once is only suspicious when nothing came: a watch that delivered events and then
+    ended (the server's timeout, a rolling restart) is followed by the next one at once."""
+
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            two_pods(server)
+            server.watch_faults.append("once")
+
+        async with started(setup, clock_step=0.0) as h:
+            await h.next(2)
+            await h.watch_count(1)
+            h.server.upsert(POD_PATH, pod("p3"))  # the watch sends it, then ends
+            assert await h.next() == [("ADDED", "p3")]
+            await h.watch_count(2)
+            assert h.sleep.delays == []
+
+    run(main)
+
+
+def test_a_label_selector_scopes_the_list_and_the_watch() -> None:
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.upsert(POD_PATH, pod("p1"))
+            server.upsert(
+                POD_PATH, PodBuilder("other").namespace("ns1").labels(app="x").ready("10.0.0.8").build()
+            )
+            informer: Informer[PodObject] = Informer(
+                client, PODS, "ns1", PodObject.from_api, label_selector="app=vllm", sleep=RecordingSleep()
+            )
+            names: asyncio.Queue[str] = asyncio.Queue()
+            informer.add_handler(lambda e: names.put_nowait(e.key.name))
+            task = asyncio.create_task(informer.run(), name="labelled")
+            assert await asyncio.wait_for(names.get(), WAIT) == "p1"
+            server.upsert(POD_PATH, PodBuilder("other2").namespace("ns1").labels(app="x").build())
+            server.upsert(POD_PATH, pod("p2"))
+            assert await asyncio.wait_for(names.get(), WAIT) == "p2"
+            assert {r.query.get("labelSelector") for r in server.requests} == {"app=vllm"}
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
 
     run(main)
