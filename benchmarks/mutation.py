@@ -71,7 +71,8 @@ def run(package: str, max_children: int, names: Sequence[str] = ()) -> float:
         str(max_children),
         *(names or [f"epp.{package}.*"]),
     ]
-    print(f"==> {' '.join(command[1:])}", flush=True)
+    shown = command[1:] if not names else [*command[1:4], f"<{len(names)} mutants by name>"]
+    print(f"==> {' '.join(shown)}", flush=True)
     # mutmut draws a spinner on stdout; its verdicts are read from mutants/ afterwards.
     subprocess.run(command, cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
     return time.monotonic() - began

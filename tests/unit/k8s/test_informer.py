@@ -514,3 +514,29 @@ def test_a_label_selector_scopes_the_list_and_the_watch() -> None:
                 await task
 
     run(main)
+
+
+def test_relists_and_replaced_watches_are_counted_each_time(caplog: pytest.LogCaptureFixture) -> None:
+    """The debug view's counters grow with each 410 and each dead watch; a failed watch says why."""
+
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            two_pods(server)
+            server.watch_faults.extend(["hang", "hang", "500"])
+
+        async with started(setup, bookmark_interval=0.25) as h:  # idle limit 0.5 s
+            await h.next(2)
+            await h.watch_count(4)
+            assert h.informer.stalled_watches >= 2  # (the fourth watch, idle too, may be replaced by now)
+            for _ in range(2):
+                h.server.delete(POD_PATH, "p1" if h.informer.get(key("p1")) else "p2", record=False)
+                h.server.compact(POD_PATH)
+                await h.next()
+            assert h.informer.relists == 2
+
+    with caplog.at_level("WARNING", logger="epp.k8s.informer"):
+        run(main)
+    failed = [r.getMessage() for r in caplog.records if "watch failed" in r.getMessage()]
+    assert failed == [
+        "pods/ns1: watch failed: 500 InternalError: scripted failure; retrying in 0.50s (failure 1)"
+    ]

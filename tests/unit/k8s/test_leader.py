@@ -387,11 +387,12 @@ def test_a_failed_release_is_a_warning_not_an_error(caplog: pytest.LogCaptureFix
 
 
 def test_a_failure_streak_warns_once_and_a_lost_renewal_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    """RBAC without leases would otherwise be silent forever, or fill the log every retry period."""
+    """RBAC without leases would otherwise be silent forever, or fill the log every retry period.
+    Any answer ends a streak: a renewal, or a wait behind another holder."""
 
     async def main() -> None:
         store, clock, wall = LeaseStore(), Clock(), Wall()
-        a = walled(store, clock, "a", wall)
+        a, b = walled(store, clock, "a", wall), walled(store, clock, "b", wall)
         await a.try_once()
         store.down = True
         for _ in range(5):
@@ -402,13 +403,24 @@ def test_a_failure_streak_warns_once_and_a_lost_renewal_says_so(caplog: pytest.L
         assert a.is_leader  # took its own Lease back: it was still named in it
         store.down = True
         await a.try_once()
+        await b.try_once()
+        store.down = False
+        await b.try_once()  # waits behind a
+        store.down = True
+        await b.try_once()
 
-    with caplog.at_level("WARNING", logger="epp.k8s.leader"):
+    with caplog.at_level("INFO", logger="epp.k8s.leader"):
         asyncio.run(main())
-    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+    name = "epp-ns1-pool.gateway-api-inference-extension.sigs.k8s.io"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"leader election: holding lease {name}",
         "leader election: connection refused",
         "leader election: could not renew for 10s: connection refused",
+        f"leader election: not holding lease {name}",
+        f"leader election: holding lease {name}",
         "leader election: connection refused",
+        "leader election: connection refused",  # b's first failure
+        "leader election: connection refused",  # b again, after a wait ended its streak
     ]
 
 

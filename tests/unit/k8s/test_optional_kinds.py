@@ -28,6 +28,7 @@ from .support import WAIT, RecordingSleep, plain_config, run
 
 POOL_KEY = NamespacedName("ns1", "pool")
 NO_WAIT = BackoffPolicy(initial=0.0, maximum=0.0, jitter=0.0)
+RECONNECT = BackoffPolicy(initial=0.01, maximum=0.01, jitter=0.0)
 INFORMER_LOG = "epp.k8s.informer"
 
 
@@ -243,3 +244,51 @@ def test_an_absent_kind_says_why_and_is_looked_for_again_ever_less_often(
     with caplog.at_level(logging.WARNING, logger=INFORMER_LOG):
         run(main)
     assert [r.getMessage() for r in caplog.records] == [says]
+
+
+def test_a_kind_served_again_starts_its_next_outage_from_the_first_delay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Installed, then removed again: the looks back off from the first delay anew, and the log says
+    when the kind is served."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.absent.add(OBJECTIVE_PATH)
+            sleep = RecordingSleep()
+            informer: Informer[object] = Informer(
+                client,
+                Resource(v1.OPTIONAL_GROUP, v1.OPTIONAL_VERSION, v1.OBJECTIVES),
+                "ns1",
+                lambda raw: raw,
+                sleep=sleep,
+                optional=True,
+                absent_backoff=BackoffPolicy(initial=1.0, maximum=8.0, factor=2.0, jitter=0.0),
+                backoff=RECONNECT,
+            )
+            task = asyncio.create_task(informer.run(), name="objectives")
+
+            async def looked(n: int) -> None:
+                assert len(sleep.delays) >= n
+
+            await eventually_async(lambda: looked(3), timeout=WAIT)
+            server.absent.clear()
+
+            async def served() -> None:
+                assert informer.available
+                assert len(server.watches(OBJECTIVE_PATH)) >= 1
+
+            await eventually_async(served, timeout=WAIT)
+            seen = len(sleep.delays)
+            server.absent.add(OBJECTIVE_PATH)
+            server.compact(OBJECTIVE_PATH)  # ends the watch, as the CRD's removal does
+            await eventually_async(lambda: looked(seen + 3), timeout=WAIT)
+            # (A watch ended at once may first back off as a reconnect, 0.01 s here.)
+            assert [d for d in sleep.delays[seen:] if d != RECONNECT.initial][:2] == [1.0, 2.0]
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    with caplog.at_level(logging.INFO, logger=INFORMER_LOG):
+        run(main)
+    assert "inferenceobjectives/ns1: now served; watching it" in [r.getMessage() for r in caplog.records]
