@@ -114,6 +114,13 @@ async def started(
                 await task
 
 
+def unparseable(name: str) -> dict[str, object]:
+    """A pod the parser refuses (labels that are not a map)."""
+    broken = pod(name)
+    broken["metadata"]["labels"] = "not-a-map"  # type: ignore[index]
+    return broken
+
+
 def two_pods(server: FakeApiServer) -> None:
     server.upsert(POD_PATH, pod("p1"))
     server.upsert(POD_PATH, pod("p2"))
@@ -268,9 +275,7 @@ def test_unparseable_object_is_not_cached() -> None:
         async with started(two_pods) as h:
             await h.next(2)
             await h.watch_count(1)
-            broken = pod("p1")
-            broken["metadata"]["labels"] = "not-a-map"  # type: ignore[index]
-            h.server.upsert(POD_PATH, broken)
+            h.server.upsert(POD_PATH, unparseable("p1"))
             assert await h.next() == [("DELETED", "p1")]
             assert h.informer.get(key("p1")) is None
 
@@ -392,9 +397,7 @@ def test_an_unparseable_object_never_cached_makes_no_event(caplog: pytest.LogCap
         async with started(two_pods) as h:
             await h.next(2)
             await h.watch_count(1)
-            broken = pod("p9")
-            broken["metadata"]["labels"] = "not-a-map"  # type: ignore[index]
-            h.server.upsert(POD_PATH, broken)
+            h.server.upsert(POD_PATH, unparseable("p9"))
             h.server.upsert(POD_PATH, pod("p3"))
             assert await h.next() == [("ADDED", "p3")]
             assert h.informer.get(key("p9")) is None

@@ -191,6 +191,21 @@ def test_v1alpha2_inference_models_stay_required() -> None:
     run(main)
 
 
+def objectives_informer(client: KubeClient, sleep: RecordingSleep) -> Informer[object]:
+    """An informer of the optional InferenceObjectives, looking for them 1, 2, 4, then every 8 s
+    while absent, reconnecting after 0.01 s (``RECONNECT``), every delay recorded, none waited."""
+    return Informer(
+        client,
+        Resource(v1.OPTIONAL_GROUP, v1.OPTIONAL_VERSION, v1.OBJECTIVES),
+        "ns1",
+        lambda raw: raw,
+        sleep=sleep,
+        optional=True,
+        absent_backoff=BackoffPolicy(initial=1.0, maximum=8.0, factor=2.0, jitter=0.0),
+        backoff=RECONNECT,
+    )
+
+
 @pytest.mark.parametrize(
     ("status", "says"),
     [
@@ -219,15 +234,7 @@ def test_an_absent_kind_says_why_and_is_looked_for_again_ever_less_often(
         async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
             (server.absent if status == 404 else server.forbidden).add(OBJECTIVE_PATH)
             sleep = RecordingSleep()
-            informer: Informer[object] = Informer(
-                client,
-                Resource(v1.OPTIONAL_GROUP, v1.OPTIONAL_VERSION, v1.OBJECTIVES),
-                "ns1",
-                lambda raw: raw,
-                sleep=sleep,
-                optional=True,
-                absent_backoff=BackoffPolicy(initial=1.0, maximum=8.0, factor=2.0, jitter=0.0),
-            )
+            informer = objectives_informer(client, sleep)
             task = asyncio.create_task(informer.run(), name="objectives")
 
             async def looked_six_times() -> None:
@@ -256,16 +263,7 @@ def test_a_kind_served_again_starts_its_next_outage_from_the_first_delay(
         async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
             server.absent.add(OBJECTIVE_PATH)
             sleep = RecordingSleep()
-            informer: Informer[object] = Informer(
-                client,
-                Resource(v1.OPTIONAL_GROUP, v1.OPTIONAL_VERSION, v1.OBJECTIVES),
-                "ns1",
-                lambda raw: raw,
-                sleep=sleep,
-                optional=True,
-                absent_backoff=BackoffPolicy(initial=1.0, maximum=8.0, factor=2.0, jitter=0.0),
-                backoff=RECONNECT,
-            )
+            informer = objectives_informer(client, sleep)
             task = asyncio.create_task(informer.run(), name="objectives")
 
             async def looked(n: int) -> None:
