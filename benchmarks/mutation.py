@@ -2,7 +2,7 @@
 
 A mutant is a small realistic mistake (a flipped comparison, a constant off by one, a dropped call)
 planted in one function; the tests that reach that function run against it, and a suite that stays
-green has a gap. mutmut (configured in pyproject.toml, `[tool.mutmut]`: the unit tier is the runner)
+green has a gap. mutmut (configured in pyproject.toml, `[tool.mutmut]`: the unit tier is its runner)
 copies the tree to `mutants/`, mutates it there and runs, for each mutant, only the tests that
 reached the mutated function in a first stats run. Results are kept in `mutants/` between runs, so a
 second run only checks what changed.
@@ -13,12 +13,18 @@ installed into .venv on first use. Prints, never asserts; the target (issue 24) 
 at least 90% for each package, every survivor either killed by a new test or explained.
 
     .venv/bin/python benchmarks/mutation.py [PACKAGE ...] [--max-children 2] [--report-only] [--survivors]
+        [--integration]
         PACKAGE: controller datastore k8s scheduling handlers h2 (default: those six)
     .venv/bin/mutmut show <mutant name>       # the diff of one survivor
     .venv/bin/python benchmarks/mutation.py --by-hand tests/unit/handlers NAME [NAME ...]
 
 `--survivors` checks every survivor of the packages again through mutmut, after new tests were
 written: mutmut first collects which functions the new tests reach, then runs each survivor's tests.
+`--integration` runs no mutmut: after a run, it plants each behaviour-changing survivor in `epp/` by
+hand and runs its package's fast subset of the integration tier against one control plane
+(`mutation_integration.py`, beside this file, says which tests and why mutmut cannot run them
+itself); the report counts what that subset kills, and remembers it in `mutants/` until the
+mutant's diff changes. Planting edits `epp/` in place: run nothing else from the checkout meanwhile.
 `--by-hand TESTS NAME...` checks named mutants against TESTS without mutmut: each mutant's changed
 lines are swapped into `epp/` by hand, TESTS run (stopping at the first failure), and the file is
 restored whatever happens. Prints KILLED with the first failing line, or SURVIVES (the way to show
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib.util
 import json
 import re
@@ -36,8 +43,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -46,6 +54,7 @@ DEFAULT_PACKAGES = ("controller", "datastore", "k8s", "scheduling", "handlers", 
 # a timeout or a type-check failure also means the mistake did not pass unnoticed.
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 UNCOUNTED = {"not checked", "skipped", "check was interrupted by user"}
+STAGE_VERDICTS = ROOT / "mutants" / "integration-verdicts.json"  # see mutation_integration.py
 # A mutant that changes only the arguments of a logging call (the message, its %-arguments) leaves
 # behaviour unchanged: counted apart as "log text", explained, never a gap in the tests.
 LOG_CALL = re.compile(r"^(log|logger|_log|logging)\.(debug|info|warning|error|exception|critical)\(")
@@ -139,6 +148,33 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@contextlib.contextmanager
+def planted(name: str) -> Iterator[bool]:
+    """The mutant's changed lines swapped into `epp/` for the block (True), the file restored whatever
+    happens; False, nothing changed, when its lines are not in the file (it changed since the run)."""
+    removed, added, path = changed_lines(mutant_diff(name))
+    target = ROOT / path
+    original = target.read_text()
+    mutated = apply_mutant(original, removed, added)
+    if mutated is None:
+        print(f"NOT APPLIED {name}: its lines are not in {path} (changed since the run?)")
+        yield False
+        return
+    try:
+        target.write_text(mutated)
+        yield True
+    finally:
+        target.write_text(original)
+
+
+def run_tests(tests: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """pytest on `tests` from the checkout, stopping at the first failure: (exit code, first failing line)."""
+    pytest = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    ran = subprocess.run(pytest, cwd=ROOT, capture_output=True, text=True, check=False, env=env)
+    failure = next((line for line in ran.stdout.splitlines() if line.startswith(("E ", "FAILED"))), "")
+    return ran.returncode, failure
+
+
 def by_hand(tests: str, names: Sequence[str]) -> int:
     """Apply each mutant by hand, run `tests`, restore; how many survived.
 
@@ -147,21 +183,11 @@ def by_hand(tests: str, names: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     survived = 0
     for name in names:
-        removed, added, path = changed_lines(mutant_diff(name))
-        target = ROOT / path
-        original = target.read_text()
-        mutated = apply_mutant(original, removed, added)
-        if mutated is None:
-            print(f"NOT APPLIED {name}: its lines are not in {path} (changed since the run?)")
-            continue
-        try:
-            target.write_text(mutated)
-            pytest = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", tests]
-            ran = subprocess.run(pytest, cwd=ROOT, capture_output=True, text=True, check=False)
-        finally:
-            target.write_text(original)
-        failure = next((line for line in ran.stdout.splitlines() if line.startswith(("E ", "FAILED"))), "")
-        if ran.returncode:
+        with planted(name) as applied:
+            if not applied:
+                continue
+            code, failure = run_tests([tests])
+        if code:
             print(f"KILLED    {name}: {failure[:160]}")
         else:
             survived += 1
@@ -170,11 +196,18 @@ def by_hand(tests: str, names: Sequence[str]) -> int:
 
 
 def report(package: str, found: dict[str, str], seconds: float | None) -> None:
+    """The package's kill rate and its survivors, the integration stage's verdicts (if any) counted in."""
+    stage = integration_stage()
+    stage_verdicts = stage.Verdicts(STAGE_VERDICTS)
+    diffs = {n: mutant_diff(n) for n, status in found.items() if status not in KILLED | UNCOUNTED}
+    for name, diff in diffs.items():
+        if stage_verdicts.get(name, diff) == stage.KILLED:
+            found[name] = stage.KILLED
     counts = collections.Counter(found.values())
     decided = sum(n for status, n in counts.items() if status not in UNCOUNTED)
-    killed = sum(counts[status] for status in KILLED)
-    survivors = sorted(n for n, status in found.items() if status not in KILLED and status not in UNCOUNTED)
-    log_text = {n for n in survivors if changes_only_a_log_call(mutant_diff(n))}
+    killed = sum(counts[status] for status in (*KILLED, stage.KILLED))
+    survivors = sorted(n for n in diffs if found[n] != stage.KILLED)
+    log_text = {n for n in survivors if changes_only_a_log_call(diffs[n])}
     rate = f"{100 * killed / decided:.1f}%" if decided else "-"
     behaviour = decided - len(log_text)
     behaviour_rate = f"{100 * killed / behaviour:.1f}%" if behaviour else "-"
@@ -187,7 +220,49 @@ def report(package: str, found: dict[str, str], seconds: float | None) -> None:
     )
     for name in survivors:
         label = "log text" if name in log_text else found[name]
+        if label != "log text" and stage_verdicts.get(name, diffs[name]) == stage.SURVIVED:
+            label = "survived unit + integration"
         print(f"    {label:10} {name}")  # as `mutmut show` takes it
+
+
+def integration_stage() -> ModuleType:
+    """`mutation_integration`, beside this file (imported late: `--by-hand` never needs it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        return importlib.import_module("mutation_integration")
+    finally:
+        sys.path.pop(0)
+
+
+def integration(packages: Sequence[str]) -> None:
+    """The unit tier's behaviour-changing survivors of each package against its integration subset,
+    one control plane for all; SIGTERM restores the file of the mutant planted at the time."""
+    signal.signal(signal.SIGTERM, _interrupted)
+    stage = integration_stage()
+    stage_verdicts = stage.Verdicts(STAGE_VERDICTS)
+    with stage.shared_plane() as env:
+        for package in packages:
+            survivors = [
+                n
+                for n, status in verdicts(package).items()
+                if status not in KILLED | UNCOUNTED and not changes_only_a_log_call(mutant_diff(n))
+            ]
+            print(
+                f"==> epp/{package}: {len(survivors)} unit-tier survivors against "
+                f"{' '.join(stage.SUBSET_BY_PACKAGE[package])}",
+                flush=True,
+            )
+            began = time.monotonic()
+            checked = stage.check(
+                package,
+                survivors,
+                stage_verdicts,
+                diff_of=mutant_diff,
+                planted=planted,
+                run_tests=run_tests,
+                env=env,
+            )
+            print(f"==> epp/{package}: {checked} checked in {time.monotonic() - began:.0f} s", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -199,6 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--survivors",
         action="store_true",
         help="check the packages' survivors again (after new tests: mutmut picks up the new tests first)",
+    )
+    parser.add_argument(
+        "--integration",
+        action="store_true",
+        help="no mutmut run: check the survivors of its last run against the package's fast integration "
+        "subset (benchmarks/mutation_integration.py), one control plane for all",
     )
     parser.add_argument(
         "--by-hand",
@@ -216,17 +297,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"not a package of epp/: {', '.join(unknown)}")
     ensure_mutmut()
+    seconds: dict[str, float | None] = {}
     for package in packages:
         again: list[str] = []
         if args.survivors:
             again = [n for n, status in verdicts(package).items() if status not in KILLED | UNCOUNTED]
             print(f"==> epp/{package}: {len(again)} survivors checked again", flush=True)
-        seconds = (
+        seconds[package] = (
             None
-            if args.report_only or (args.survivors and not again)
+            if args.report_only or args.integration or (args.survivors and not again)
             else run(package, args.max_children, again)
         )
-        report(package, verdicts(package), seconds)
+    if args.integration and not args.report_only:
+        integration(packages)
+    for package in packages:
+        report(package, verdicts(package), seconds[package])
     return 0
 
 

@@ -4,24 +4,11 @@ survivors, by name."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
+from tests.unit.bench.scripts import load
 
-def _mutation() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "mutation.py"
-    spec = importlib.util.spec_from_file_location("bench_mutation", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mutation = _mutation()
+mutation = load("mutation")
 
 SOURCE = """class Subset:
     def describe(self) -> str:
