@@ -149,6 +149,7 @@ class Script:
     fail_on: dict[bytes, Callable[[], BaseException]] = field(default_factory=dict)
     gate: asyncio.Future[None] | None = None
     fail_when_cancelled: bool = False  # a handler whose clean-up on cancellation raises
+    close_fails: bool = False  # a handler whose close() raises (after counting the call)
 
     def reply(self, message: bytes) -> tuple[bytes | None, bool]:
         if message in self.fail_on:
@@ -181,6 +182,8 @@ class Handler:
 
     def close(self) -> None:
         self.closed += 1
+        if self.script.close_fails:
+            raise RuntimeError("close failed")
 
 
 _typed: GrpcStream = Handler(Script())

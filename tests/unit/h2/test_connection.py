@@ -23,6 +23,7 @@ from .support import (
     goaway_debug,
     grpc_message,
     header_block,
+    resets_in,
 )
 
 
@@ -423,6 +424,18 @@ PROTOCOL_VIOLATIONS = [
     ),
     pytest.param(f.window_update(0, 0), f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0", id="window-update-of-zero"),
     pytest.param(
+        f.frame(f.WINDOW_UPDATE, 0, 0, b"\x00\x00\x01"),
+        f.FRAME_SIZE_ERROR,
+        "WINDOW_UPDATE of the wrong size",
+        id="window-update-length",
+    ),
+    pytest.param(
+        f.window_update(9, 1),
+        f.PROTOCOL_ERROR,
+        "WINDOW_UPDATE on idle stream 9",
+        id="window-update-idle-stream",
+    ),
+    pytest.param(
         f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"),
         f.PROTOCOL_ERROR,
         "a client cannot push",
@@ -665,3 +678,94 @@ async def _test_a_handler_that_fails_while_being_cancelled_is_logged_with_its_tr
     assert wire.recorder.handlers[0].closed == 1
     assert wire.server.open_streams == 0
     gate.cancel()
+
+
+def test_a_connection_window_raised_to_exactly_2_31_minus_1_is_legal() -> None:
+    wire = Wire()
+    wire.raw(f.window_update(0, f.MAX_WINDOW - f.DEFAULT_WINDOW))
+    out = wire.transport.take()
+    assert goaway_code(out) is None
+    assert not wire.transport.closed
+
+
+@pytest.mark.parametrize(
+    ("increment", "reset"),
+    [
+        pytest.param(f.MAX_WINDOW - f.DEFAULT_WINDOW, None, id="to-exactly-2^31-1"),
+        pytest.param(f.MAX_WINDOW - f.DEFAULT_WINDOW + 1, f.FLOW_CONTROL_ERROR, id="past-2^31-1"),
+        pytest.param(0, f.PROTOCOL_ERROR, id="of-0"),
+    ],
+)
+def test_a_stream_window_update_past_2_31_minus_1_or_of_0_resets_only_that_stream(
+    increment: int, reset: int | None
+) -> None:
+    """RFC 9113 §6.9.1: a stream's window over 2^31-1 is a stream error FLOW_CONTROL_ERROR, §6.9 an
+    increment of 0 a stream error PROTOCOL_ERROR; the connection serves on either way."""
+    wire = Wire()
+    sid = wire.open()
+    wire.pump()
+    wire.raw(f.window_update(sid, increment))
+    out = wire.transport.take()
+    assert resets_in(out) == ({} if reset is None else {sid: reset})
+    assert goaway_code(out) is None
+    other = wire.open()
+    wire.send(other, b"end")
+    wire.pump()
+    assert wire.results[other].replies == [b"re:end"]
+
+
+def test_a_stream_finished_while_its_handle_is_suspended_closes_its_handler_once_the_handle_returns() -> None:
+    asyncio.run(_test_a_stream_finished_while_its_handle_is_suspended_closes_its_handler_once_it_returns())
+
+
+async def _test_a_stream_finished_while_its_handle_is_suspended_closes_its_handler_once_it_returns() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate))
+    sid = wire.open()
+    wire.send(sid, b"wait")
+    await wire.settle()
+    wire.client.send_data(sid, grpc_message(b"zipped", compressed=True))
+    await wire.settle()  # the stream's status is decided (UNIMPLEMENTED) while handle() waits
+    (handler,) = wire.recorder.handlers
+    assert handler.closed == 0  # never closed under a suspended handle()
+    gate.set_result(None)
+    await wire.settle()
+    assert handler.closed == 1
+    assert wire.results[sid].status == 12
+    assert wire.server.open_streams == 0
+
+
+def test_a_handler_whose_close_fails_is_logged_with_its_traceback_and_the_connection_serves_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wire = Wire(Script(close_fails=True))
+    sid = wire.open()
+    with caplog.at_level(logging.ERROR, logger="epp.h2.connection"):
+        wire.send(sid, b"end")
+        wire.pump()
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert message.startswith("closing a gRPC stream failed:\nTraceback (most recent call last):\n  File ")
+    assert message.endswith("RuntimeError: close failed\n")
+    assert wire.results[sid].status == 0
+    other = wire.open()
+    wire.send(other, b"end")
+    wire.pump()
+    assert wire.results[other].replies == [b"re:end"]
+    assert [h.closed for h in wire.recorder.handlers] == [1, 1]
+
+
+def test_a_stream_finished_but_held_by_the_peer_s_window_is_closed_once_when_the_connection_drops() -> None:
+    """Its handler is closed as its status is decided; losing the connection before the reply and
+    trailers could be sent drops the stream without closing the handler again."""
+    big = b"x" * (f.DEFAULT_WINDOW + 1)  # its reply cannot fit the peer's default window
+    wire = Wire(Script(end_on=big), ack_data=False)
+    sid = wire.open()
+    wire.send_bytes(sid, grpc_message(big))
+    wire.pump()
+    assert wire.results[sid].status is None  # the reply waits for window the peer never gives
+    (handler,) = wire.recorder.handlers
+    assert handler.closed == 1
+    wire.lose()
+    assert handler.closed == 1
+    assert wire.server.open_streams == 0
