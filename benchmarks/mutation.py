@@ -126,9 +126,30 @@ def changed_lines(diff: str) -> tuple[list[str], list[str], str]:
     return removed, added, path
 
 
-def apply_mutant(source: str, removed: Sequence[str], added: Sequence[str]) -> str | None:
-    """`source` with the first run of `removed` lines (compared without indentation) replaced by
-    `added`, each at the indentation of the line it replaces; None if the lines are not there.
+def mutated_function(name: str) -> tuple[str | None, str]:
+    """(class or None, function) a mutant's name says it is in: `pkg.mod.xǁClassǁmethod__mutmut_7`,
+    `pkg.mod.x_function__mutmut_7`."""
+    last = name.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0]
+    if last.startswith("xǁ"):
+        cls, _, method = last[2:].partition("ǁ")
+        return cls, method
+    return None, last.removeprefix("x_")
+
+
+def function_start(source: str, cls: str | None, function: str) -> int:
+    """The line index of `function`'s def (inside `class cls` when given); 0 when not found."""
+    lines = source.split("\n")
+    start = 0
+    if cls is not None:
+        start = next((i for i, line in enumerate(lines) if re.match(rf"class {re.escape(cls)}\b", line)), 0)
+    pattern = re.compile(rf"\s*(async\s+)?def {re.escape(function)}\(")
+    return next((i for i in range(start, len(lines)) if pattern.match(lines[i])), 0)
+
+
+def apply_mutant(source: str, removed: Sequence[str], added: Sequence[str], from_line: int = 0) -> str | None:
+    """`source` with the first run of `removed` lines (compared without indentation) at or after line
+    index `from_line` (the mutated function's def: the same lines may be in other functions too)
+    replaced by `added`, each at the indentation of the line it replaces; None if they are not there.
 
     mutmut's diffs are of the function alone, dedented and with their own line numbers, so they
     cannot go through `patch`."""
@@ -136,7 +157,7 @@ def apply_mutant(source: str, removed: Sequence[str], added: Sequence[str]) -> s
         return None
     lines = source.split("\n")
     wanted = [line.strip() for line in removed]
-    for i in range(len(lines) - len(wanted) + 1):
+    for i in range(from_line, len(lines) - len(wanted) + 1):
         if [line.strip() for line in lines[i : i + len(wanted)]] == wanted:
             indents = [line[: len(line) - len(line.lstrip())] for line in lines[i : i + len(wanted)]]
             replaced = [indents[min(k, len(indents) - 1)] + line.strip() for k, line in enumerate(added)]
@@ -155,7 +176,7 @@ def planted(name: str) -> Iterator[bool]:
     removed, added, path = changed_lines(mutant_diff(name))
     target = ROOT / path
     original = target.read_text()
-    mutated = apply_mutant(original, removed, added)
+    mutated = apply_mutant(original, removed, added, function_start(original, *mutated_function(name)))
     if mutated is None:
         print(f"NOT APPLIED {name}: its lines are not in {path} (changed since the run?)")
         yield False

@@ -67,3 +67,40 @@ def test_survivors_are_run_again_by_name_and_nothing_else(monkeypatch: pytest.Mo
     runs.clear()
     assert mutation.main(["k8s"]) == 0
     assert runs == [("k8s", ())]
+
+
+TWO_FUNCTIONS = """class Connection:
+    def _fast(self) -> None:
+        if inflow.available < inflow.size >> 1:
+            pass
+
+    def _messages(self) -> None:
+        if inflow.available < inflow.size >> 1:
+            pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param(
+            "epp.h2.connection.xǁConnectionǁ_messages__mutmut_76", ("Connection", "_messages"), id="method"
+        ),
+        pytest.param(
+            "epp.h2.frames.x_literal_indexed_name__mutmut_3", (None, "literal_indexed_name"), id="function"
+        ),
+    ],
+)
+def test_a_mutant_s_name_gives_its_class_and_function(name: str, expected: tuple[str | None, str]) -> None:
+    assert mutation.mutated_function(name) == expected
+
+
+def test_lines_found_in_two_functions_are_changed_in_the_mutated_one() -> None:
+    start = mutation.function_start(TWO_FUNCTIONS, "Connection", "_messages")
+    removed = ["if inflow.available < inflow.size >> 1:"]
+    added = ["if inflow.available < inflow.size << 1:"]
+    mutated = mutation.apply_mutant(TWO_FUNCTIONS, removed, added, start)
+    assert mutated is not None
+    fast, messages = mutated.split("def _messages")
+    assert "<< 1" not in fast
+    assert "<< 1" in messages
