@@ -371,3 +371,15 @@ def goaway_debug(data: bytes) -> str | None:
         if kind == f.GOAWAY:
             return bytes(payload[8:]).decode("utf-8", "replace")
     return None
+
+
+def suspended_stream(limits: Limits | None = None) -> tuple[Wire, int, asyncio.Future[None]]:
+    """A stream whose handler waits in ``handle(b"wait")`` on the returned gate (in a running loop);
+    what the server wrote so far is taken."""
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    wire = Wire(Script(gate=gate), limits=limits)
+    sid = wire.open()
+    wire.send(sid, b"wait")
+    wire.pump()
+    wire.transport.take()
+    return wire, sid, gate

@@ -24,6 +24,7 @@ from .support import (
     grpc_message,
     header_block,
     resets_in,
+    suspended_stream,
 )
 
 
@@ -719,10 +720,7 @@ def test_a_stream_finished_while_its_handle_is_suspended_closes_its_handler_once
 
 
 async def _test_a_stream_finished_while_its_handle_is_suspended_closes_its_handler_once_it_returns() -> None:
-    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    wire = Wire(Script(gate=gate))
-    sid = wire.open()
-    wire.send(sid, b"wait")
+    wire, sid, gate = suspended_stream()
     await wire.settle()
     wire.client.send_data(sid, grpc_message(b"zipped", compressed=True))
     await wire.settle()  # the stream's status is decided (UNIMPLEMENTED) while handle() waits

@@ -26,6 +26,7 @@ from .support import (
     grpc_message,
     header_block,
     resets_in,
+    suspended_stream,
 )
 
 UNKNOWN_PATH = "/other.Service/Method"
@@ -255,16 +256,6 @@ async def _test_credit_for_a_suspended_stream_waits_until_its_handle_returns() -
     assert wire.recorder.handlers[0].messages == [b"wait", b"q" * 40_000]
 
 
-def _suspended_stream(limits: Limits) -> tuple[Wire, int, asyncio.Future[None]]:
-    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    wire = Wire(Script(gate=gate), limits=limits)
-    sid = wire.open()
-    wire.send(sid, b"wait")
-    wire.pump()
-    wire.transport.take()
-    return wire, sid, gate
-
-
 def test_data_past_the_connection_window_is_a_flow_control_error() -> None:
     asyncio.run(_test_data_past_the_connection_window_is_a_flow_control_error())
 
@@ -274,7 +265,7 @@ async def _test_data_past_the_connection_window_is_a_flow_control_error() -> Non
         max_message_bytes=100, max_frame_bytes=16_384, stream_window=65_535, connection_window=65_535
     )
     assert limits.effective_connection_window == 105 + W * 65_535 + 16_384
-    wire, sid, gate = _suspended_stream(limits)
+    wire, sid, gate = suspended_stream(limits)
     sids = [sid]
     for _ in range(W):
         sids.append(wire.open())
@@ -297,7 +288,7 @@ def test_data_past_a_stream_window_resets_only_that_stream() -> None:
 
 
 async def _test_data_past_a_stream_window_resets_only_that_stream() -> None:
-    wire, sid, gate = _suspended_stream(Limits(stream_window=65_535))
+    wire, sid, gate = suspended_stream(Limits(stream_window=65_535))
     frame = data(sid, grpc_message(b"x" * 16_000))
     wire.raw(frame * 5)
     out = wire.transport.take()
