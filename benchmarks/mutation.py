@@ -25,10 +25,11 @@ hand and runs its package's fast subset of the integration tier against one cont
 (`mutation_integration.py`, beside this file, says which tests and why mutmut cannot run them
 itself); the report counts what that subset kills, and remembers it in `mutants/` until the
 mutant's diff changes. Planting edits `epp/` in place: run nothing else from the checkout meanwhile.
-`--by-hand TESTS NAME...` checks named mutants against TESTS without mutmut: each mutant's changed
-lines are swapped into `epp/` by hand, TESTS run (stopping at the first failure), and the file is
-restored whatever happens. Prints KILLED with the first failing line, or SURVIVES (the way to show
-one new test failing with its mutant planted).
+`--by-hand TESTS NAME...` checks named mutants against TESTS (test paths, space-separated) without
+mutmut: each mutant's changed lines are swapped into `epp/` by hand, TESTS run (stopping at the
+first failure), and the file is restored whatever happens. Prints KILLED with the first failing
+line, or SURVIVES (the way to show one new test failing with its mutant planted); stops when pytest
+could not run TESTS at all.
 """
 
 from __future__ import annotations
@@ -188,10 +189,21 @@ def planted(name: str) -> Iterator[bool]:
         target.write_text(original)
 
 
+# pytest's exit codes: 0 all passed, 1 some failed; anything else (interrupted, an internal error, a
+# usage error such as a path that does not exist, no tests collected) says nothing about the mutant.
+PASSED, FAILED = 0, 1
+
+
 def run_tests(tests: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str]:
-    """pytest on `tests` from the checkout, stopping at the first failure: (exit code, first failing line)."""
+    """pytest on `tests` from the checkout, stopping at the first failure: (exit code, first failing
+    line). Exits when pytest could not run them (a wrong path must not count as a killed mutant)."""
     pytest = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     ran = subprocess.run(pytest, cwd=ROOT, capture_output=True, text=True, check=False, env=env)
+    if ran.returncode not in (PASSED, FAILED):
+        said = (ran.stdout + ran.stderr).strip().splitlines()[-3:]
+        raise SystemExit(
+            f"pytest {' '.join(tests)} did not run (exit code {ran.returncode}): {' | '.join(said)}"
+        )
     failure = next((line for line in ran.stdout.splitlines() if line.startswith(("E ", "FAILED"))), "")
     return ran.returncode, failure
 
@@ -207,7 +219,7 @@ def by_hand(tests: str, names: Sequence[str]) -> int:
         with planted(name) as applied:
             if not applied:
                 continue
-            code, failure = run_tests([tests])
+            code, failure = run_tests(tests.split())
         if code:
             print(f"KILLED    {name}: {failure[:160]}")
         else:

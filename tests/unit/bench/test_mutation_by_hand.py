@@ -4,6 +4,8 @@ survivors, by name."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.unit.bench.scripts import load
@@ -104,3 +106,18 @@ def test_lines_found_in_two_functions_are_changed_in_the_mutated_one() -> None:
     fast, messages = mutated.split("def _messages")
     assert "<< 1" not in fast
     assert "<< 1" in messages
+
+
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [pytest.param(None, 4, id="a-path-that-does-not-exist"), pytest.param("", 5, id="no-tests-collected")],
+)
+def test_tests_that_could_not_run_stop_the_check_and_never_count_as_a_kill(
+    tmp_path: Path, content: str | None, code: int
+) -> None:
+    """Only pytest's 1 (some test failed) kills a mutant: a mistyped path used to read as KILLED."""
+    path = tmp_path / "test_nothing.py"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit, match=f"did not run \\(exit code {code}\\)"):
+        mutation.run_tests([str(path)])

@@ -37,9 +37,31 @@ def test_a_stream_gets_each_reply_in_order_then_ok_trailers() -> None:
     assert dict(result.headers) == {b":status": b"200", b"content-type": b"application/grpc"}
     assert result.replies == [b"re:one", b"re:two", b"re:three"]
     assert (result.status, result.ended, result.reset) == (0, True, None)
+    assert result.trailers == [(b"grpc-status", b"0")]  # no grpc-message on OK
     [handler] = wire.recorder.handlers
     assert handler.messages == [b"one", b"two", b"silent", b"three"]
     assert handler.closed == 1
+
+
+def test_a_handler_that_ends_its_stream_sends_its_reply_then_bare_ok_trailers() -> None:
+    wire = Wire()
+    sid = wire.open()
+    wire.send(sid, b"first", b"end")
+    wire.pump()
+    result = wire.results[sid]
+    assert result.replies == [b"re:first", b"re:end"]
+    assert result.trailers == [(b"grpc-status", b"0")]
+    assert (result.ended, result.reset) == (True, f.NO_ERROR)  # the peer had not ended its side
+
+
+def test_a_stream_error_without_a_message_keeps_its_status() -> None:
+    wire = Wire(Script(fail_on={b"missing": lambda: StreamError(5, "")}))
+    sid = wire.open()
+    wire.send(sid, b"missing")
+    wire.pump()
+    result = wire.results[sid]
+    assert (result.trailers, result.status) == ([], 5)  # a trailers-only response: no reply was sent
+    assert b"grpc-message" not in dict(result.headers)
 
 
 def test_streams_interleave_on_one_connection() -> None:
@@ -117,7 +139,7 @@ def test_a_stream_that_ends_inside_a_message_is_invalid_argument() -> None:
     sid = wire.open()
     wire.client.send_data(sid, grpc_message(b"whole")[:-2], end_stream=True)
     wire.pump()
-    assert wire.results[sid].status == 3
+    assert (wire.results[sid].status, wire.results[sid].message) == (3, "the stream ended inside a message")
 
 
 def test_a_stream_error_reaches_the_client_as_status_and_percent_encoded_message() -> None:

@@ -57,6 +57,14 @@ def test_trailers_carry_no_pseudo_headers() -> None:
         check_trailers([(b":path", b"/")])
 
 
+def test_trailer_fields_follow_the_rules_of_any_field_section() -> None:
+    """RFC 9113 §8.2: lowercase names, no connection-specific fields, TE only as "trailers"."""
+    check_trailers([(b"grpc-status", b"0"), (b"te", b"trailers")])
+    for field in [(b"Grpc-Status", b"0"), (b"connection", b"close"), (b"te", b"gzip")]:
+        with pytest.raises(Malformed):
+            check_trailers([field])
+
+
 def _open(stream_id: int, extra: list[tuple[str, str]], end_stream: bool = False) -> bytes:
     block = Encoder().encode(
         [(":method", "POST"), (":scheme", "http"), (":path", PATH), (":authority", "t"), *extra]

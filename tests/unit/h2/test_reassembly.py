@@ -1,0 +1,120 @@
+"""Cutting gRPC messages out of DATA frames that are not one whole message each (the reassembly path,
+`Connection._messages`): several messages in a frame, empty ones, a frame that finishes its stream
+halfway, a message split inside its 5-byte prefix. Every byte of such frames must come back to the
+peer as connection credit exactly once, or a long-lived connection (Envoy keeps one per EPP) slowly
+starves."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from epp.h2 import frames as f
+from epp.h2.connection import Limits
+
+from .support import Wire, frames_in, grpc_message
+
+FRAME = f.DEFAULT_MAX_FRAME
+
+
+def connection_increments(out: bytes) -> list[int]:
+    return [
+        f.U32.unpack(payload)[0]
+        for kind, _, stream, payload in frames_in(out)
+        if kind == f.WINDOW_UPDATE and stream == 0
+    ]
+
+
+def answer_to(wire: Wire, sid: int, payload: bytes) -> bytes:
+    """What the server wrote while a DATA frame of ``payload`` was pumped (pumping hands it on to the
+    client, so it is read from everything the transport was given)."""
+    before = len(wire.transport.written)
+    wire.client.send_data(sid, payload)
+    wire.pump()
+    return b"".join(wire.transport.written[before:])
+
+
+def two_messages(size: int, fill: bytes) -> bytes:
+    """A DATA payload of exactly ``size`` bytes: a message of ``fill`` then an empty message."""
+    return grpc_message(fill * (size - 10)) + grpc_message(b"")
+
+
+def test_frames_of_several_messages_are_credited_whole_once_less_than_half_the_window_is_left() -> None:
+    """Frames of two messages each (the second empty) spend exactly half the connection window: no
+    credit yet (half is not less than half); one more frame brings all of it back in one update."""
+    wire = Wire(limits=Limits(max_frame_bytes=FRAME))
+    window = wire.client.outbound_flow_control_window
+    sid = wire.open()
+    wire.pump()
+    half_spent = window - (window >> 1)
+    count = -(-half_spent // FRAME)
+    sizes = [half_spent // count + (1 if i < half_spent % count else 0) for i in range(count)]
+    for i, size in enumerate(sizes):
+        frame = two_messages(size, bytes([65 + i % 26]))
+        assert connection_increments(answer_to(wire, sid, frame)) == []
+    assert wire.client.outbound_flow_control_window == window >> 1
+    last = answer_to(wire, sid, two_messages(20, b"z"))
+    assert connection_increments(last) == [half_spent + 20]
+    assert wire.client.outbound_flow_control_window == window
+    (handler,) = wire.recorder.handlers
+    expected = [bytes([65 + i % 26]) * (size - 10) for i, size in enumerate(sizes)] + [b"z" * 10]
+    assert handler.messages == [m for message in expected for m in (message, b"")]
+    assert wire.results[sid].replies == [b"re:" + m for m in handler.messages]
+
+
+@pytest.mark.parametrize(
+    ("finisher", "handled", "status", "message"),
+    [
+        pytest.param(
+            grpc_message(b"zipped", compressed=True),
+            [b"first"],
+            12,
+            "compressed messages are not supported",
+            id="compressed",
+        ),
+        pytest.param(
+            # declares 16 MiB + 5 bytes: the length's first byte counts too
+            struct.pack(">BI", 0, (1 << 24) + 5) + b"abcde",
+            [b"first"],
+            8,
+            f"grpc: received message larger than max ({(1 << 24) + 5} vs. 4194304)",
+            id="larger-than-max",
+        ),
+        pytest.param(grpc_message(b"end"), [b"first", b"end"], 0, "", id="the-handler-ends-it"),
+    ],
+)
+def test_a_frame_that_finishes_its_stream_halfway_gives_every_byte_back(
+    finisher: bytes, handled: list[bytes], status: int, message: str
+) -> None:
+    """The messages handed over before the stream's status was decided and the bytes dropped after it
+    are all credited to the connection: none lost, none twice."""
+    wire = Wire()
+    window = wire.client.outbound_flow_control_window
+    sid = wire.open()
+    wire.client.send_data(sid, grpc_message(b"first") + finisher + grpc_message(b"after"))
+    wire.pump()
+    (handler,) = wire.recorder.handlers
+    assert handler.messages == handled
+    assert (wire.results[sid].status, wire.results[sid].message) == (status, message)
+    inflow = wire.server._inflow
+    assert inflow.available + inflow.owed == window
+    assert wire.client.outbound_flow_control_window == inflow.available  # the peer's count agrees
+
+
+def test_a_message_split_inside_its_prefix_is_no_longer_counted_as_waiting_once_complete() -> None:
+    """Three bytes of a prefix count as waiting (no length to reserve yet); once the message is
+    complete nothing of it may still count, or such streams add up to a false RESOURCE_EXHAUSTED."""
+    wire = Wire()
+    sid = wire.open()
+    whole = grpc_message(b"split")
+    wire.client.send_data(sid, whole[:3])
+    wire.pump()
+    assert wire.server._unreserved == 3
+    wire.client.send_data(sid, whole[3:] + grpc_message(b"next"))
+    wire.pump()
+    assert wire.recorder.handlers[0].messages == [b"split", b"next"]
+    assert wire.server._unreserved == 0
+    wire.client.send_data(sid, whole[:3])  # and the next split counts from nothing again
+    wire.pump()
+    assert wire.server._unreserved == 3
