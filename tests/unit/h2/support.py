@@ -143,7 +143,8 @@ class Recorder:
 
 @dataclass
 class Script:
-    """How handlers answer: ``reply(message)`` → (reply, end); ``gate`` set → handle waits on it."""
+    """How handlers answer: ``reply(message)`` → (reply, end); ``gate`` set → a message starting with
+    b"wait" waits on it; one starting with b"yield" gives way to the loop once."""
 
     end_on: bytes = b"end"
     fail_on: dict[bytes, Callable[[], BaseException]] = field(default_factory=dict)
@@ -169,6 +170,8 @@ class Handler:
     async def handle(self, message: bytes) -> tuple[bytes | None, bool]:
         assert not self.closed, "handle after close"
         self.messages.append(message)
+        if message.startswith(b"yield"):
+            await asyncio.sleep(0)  # a bare yield (no future), as a handler giving way to others does
         gate = self.script.gate
         if gate is not None and message.startswith(b"wait"):
             try:
