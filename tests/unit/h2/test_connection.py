@@ -9,6 +9,7 @@ import logging
 import h2.events
 import h2.settings
 import pytest
+from hpack import Encoder
 
 from epp.h2 import frames as f
 from epp.h2.connection import Connection, Limits, StreamError
@@ -395,6 +396,18 @@ PROTOCOL_VIOLATIONS = [
         id="lone-continuation",
     ),
     pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS, 1, header_block()) + f.frame(f.CONTINUATION, f.END_HEADERS, 1, b""),
+        f.PROTOCOL_ERROR,
+        "CONTINUATION without its HEADERS",
+        id="continuation-after-its-block-ended",
+    ),
+    pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, header_block()) + f.frame(f.DATA, 0, 1, b"x"),
+        f.STREAM_CLOSED,
+        "DATA on closed stream 1",
+        id="data-after-the-peer-ended-the-stream",
+    ),
+    pytest.param(
         f.frame(f.HEADERS, 0, 1, header_block()) + f.frame(f.PING, 0, 0, b"12345678"),
         f.PROTOCOL_ERROR,
         "a header block was interrupted",
@@ -527,6 +540,55 @@ def test_a_protocol_violation_ends_the_connection_with_goaway(data: bytes, code:
     out = wire.transport.take()
     assert (goaway_code(out), goaway_debug(out)) == (code, why)
     assert wire.ended()
+
+
+def trailers_block() -> bytes:
+    return Encoder().encode([("grpc-status", "0")])
+
+
+@pytest.mark.parametrize("closed_by", ["refused", "reset"])
+def test_trailers_in_flight_for_a_stream_the_server_closed_are_ignored(closed_by: str) -> None:
+    """A peer may send a stream's trailers before it hears the stream was refused or reset: they are
+    dropped (the HPACK table decoded all the same), never taken for a stream opened out of order."""
+    wire = Wire(limits=Limits(max_concurrent_streams=1))
+    opened = wire.open()
+    wire.pump()
+    closed = opened
+    if closed_by == "refused":
+        closed = opened + 2
+        wire.raw(f.frame(f.HEADERS, f.END_HEADERS, closed, header_block()))  # one stream too many
+    else:
+        wire.raw(f.window_update(opened, 0))  # a stream error: RST_STREAM PROTOCOL_ERROR
+    before = len(wire.transport.written)
+    wire.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, closed, trailers_block()))
+    assert goaway_code(b"".join(wire.transport.written[before:])) is None
+    assert not wire.transport.closed
+
+
+def test_a_header_block_of_exactly_twice_the_header_list_limit_is_still_read() -> None:
+    """The block is cut off only past twice the limit (HPACK may take up to twice a list's size)."""
+    wire = Wire(limits=Limits(max_frame_bytes=f.DEFAULT_MAX_FRAME))
+    whole = 2 * Limits().max_header_list_bytes
+    frames = f.frame(f.HEADERS, 0, 1, b"\x00" * f.DEFAULT_MAX_FRAME)
+    for _ in range(whole // f.DEFAULT_MAX_FRAME - 1):
+        frames += f.frame(f.CONTINUATION, 0, 1, b"\x00" * f.DEFAULT_MAX_FRAME)
+    wire.raw(frames)  # exactly `whole` bytes, the block not ended yet
+    assert goaway_code(wire.transport.take()) is None
+
+
+def test_a_header_block_in_many_continuation_frames_spends_no_empty_frame_budget() -> None:
+    """Only empty CONTINUATION frames (which carry nothing) count against the empty-frame rate."""
+    wire = Wire(limits=Limits(empty_frames_per_second=1))
+    block = header_block()
+    pieces = [block[i : i + 4] for i in range(0, len(block), 4)]
+    assert len(pieces) > 3
+    frames = f.frame(f.HEADERS, 0, 1, pieces[0])
+    frames += b"".join(f.frame(f.CONTINUATION, 0, 1, piece) for piece in pieces[1:-1])
+    frames += f.frame(f.CONTINUATION, f.END_HEADERS, 1, pieces[-1])
+    wire.raw(frames + f.frame(f.DATA, f.END_STREAM, 1, grpc_message(b"end")))
+    out = wire.transport.take()
+    assert goaway_code(out) is None
+    assert [h.messages for h in wire.recorder.handlers] == [[b"end"]]
 
 
 def test_a_connection_without_the_http2_preface_is_refused() -> None:
