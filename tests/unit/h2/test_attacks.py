@@ -5,6 +5,7 @@ on another connection (grpcio's client) is answered meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -117,5 +118,25 @@ def test_connections_past_the_cap_are_refused_and_the_others_served() -> None:
             finally:
                 for peer in peers:
                     peer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_tls_handshake_never_begun_is_dropped_after_the_preface_timeout() -> None:
+    """A peer that opens TCP and never says hello holds a connection slot for asyncio's own default
+    handshake timeout (60 s) unless the server sets its own: the preface timeout (0.5 s here)."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        async with attacked(tls=True) as (port, channel, _):
+            began = loop.time()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                with contextlib.suppress(ConnectionResetError):
+                    assert await asyncio.wait_for(reader.read(), 10.0) == b""
+            finally:
+                writer.close()
+            assert loop.time() - began < 5.0
+            assert await normal_call(channel) == b"re:hello"
 
     asyncio.run(scenario())

@@ -12,7 +12,7 @@ from epp.h2 import frames as f
 from epp.h2.connection import Limits
 from epp.h2.limits import GOAWAY_GRACE
 
-from .support import Wire, goaway_code, grpc_message, header_block
+from .support import Wire, goaway_code, goaway_debug, grpc_message, header_block
 
 IDLE = 30.0
 
@@ -68,7 +68,8 @@ def _stalled(wire: Wire) -> None:
 
 def _idle_closed(wire: Wire) -> None:
     wire.clock.advance(IDLE + 1)
-    assert goaway_code(wire.transport.take()) == f.NO_ERROR
+    out = wire.transport.take()
+    assert (goaway_code(out), goaway_debug(out)) == (f.NO_ERROR, "idle")
     wire.clock.advance(GOAWAY_GRACE + 1)
     assert wire.transport.closed
 
