@@ -758,7 +758,9 @@ async def _test_a_handler_that_fails_while_being_cancelled_is_logged_with_its_tr
         await wire.settle()
     (record,) = caplog.records
     message = record.getMessage()
-    assert message.startswith("a cancelled gRPC stream handler failed:\nTraceback (most recent call last):\n")
+    assert message.startswith(
+        "a cancelled gRPC stream handler failed:\nTraceback (most recent call last):\n  File "
+    )
     assert message.endswith("RuntimeError: clean-up failed\n")
     assert wire.recorder.handlers[0].closed == 1
     assert wire.server.open_streams == 0

@@ -4,6 +4,7 @@ afterwards (asyncio always calls `connection_lost`) raises nothing and leaves no
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -116,3 +117,12 @@ def test_draining_sends_one_goaway_however_often_it_is_asked_and_none_once_lost(
     lost.lose()
     lost.server.drain()  # the fake transport refuses a write after close
     assert lost.transport.take() == b""
+
+
+def test_a_connection_error_is_logged_with_its_reason_and_code(caplog: pytest.LogCaptureFixture) -> None:
+    wire = Wire()
+    with caplog.at_level(logging.WARNING, logger="epp.h2.connection"):
+        wire.raw(f.frame(f.PING, 0, 1, bytes(8)))
+    out = wire.transport.take()
+    (record,) = caplog.records
+    assert record.getMessage() == f"closing an HTTP/2 connection: {goaway_debug(out)} (error code 1)"
