@@ -53,6 +53,14 @@ async def chat(channel: grpc.aio.Channel, *messages: bytes) -> tuple[list[bytes]
     return replies, await call.code()
 
 
+async def call_answered_once(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
+    """A call left open after its first message was answered."""
+    call = channel.stream_stream(PATH)()
+    await call.write(b"first")
+    assert await call.read() == b"re:first"
+    return call
+
+
 @pytest.mark.parametrize("tls", [True, False], ids=["tls", "cleartext"])
 def test_grpcio_client_calls_are_served(tls: bool) -> None:
     async def scenario() -> None:
@@ -71,9 +79,7 @@ def test_stop_lets_open_calls_finish_within_the_grace_and_refuses_new_ones() -> 
     async def scenario() -> None:
         recorder = Recorder()
         async with serving(recorder) as (server, channel):
-            call = channel.stream_stream(PATH)()
-            await call.write(b"first")
-            assert await call.read() == b"re:first"
+            call = await call_answered_once(channel)
             began = time.monotonic()
             stopping = asyncio.create_task(server.stop(30.0))
             await asyncio.sleep(0.1)
@@ -95,9 +101,7 @@ def test_stop_ends_calls_still_open_after_the_grace() -> None:
     async def scenario() -> None:
         recorder = Recorder()
         async with serving(recorder) as (server, channel):
-            call = channel.stream_stream(PATH)()
-            await call.write(b"first")
-            assert await call.read() == b"re:first"
+            call = await call_answered_once(channel)
             await server.stop(0.2)
             # stop returns once every connection is closed and every handler with it
             assert (server.connection_count, recorder.handlers[0].closed) == (0, 1)
@@ -148,9 +152,7 @@ def test_a_hurried_stop_ends_open_calls_at_once(beside_a_graceful_stop: bool) ->
     async def scenario() -> None:
         recorder = Recorder()
         async with serving(recorder) as (server, channel):
-            call = channel.stream_stream(PATH)()
-            await call.write(b"first")
-            assert await call.read() == b"re:first"
+            call = await call_answered_once(channel)
             graceful = asyncio.create_task(server.stop(60.0)) if beside_a_graceful_stop else None
             await asyncio.sleep(0)
             await asyncio.wait_for(server.stop(None), 10.0)
