@@ -640,6 +640,29 @@ def test_a_header_block_repeated_after_the_table_changed_is_decoded_again() -> N
     assert unimplemented == [7, 9]  # ...and so did stream 9: entry 62 is now that path
 
 
+def test_a_block_that_changes_the_table_changes_it_every_time_it_is_sent() -> None:
+    """The same bytes inserting an entry twice leave two entries: such a block is never answered from
+    the cache, or the server's table falls out of step with the peer's."""
+
+    def indexed_path(value: bytes) -> bytes:  # ":path: value", literal with incremental indexing
+        return b"\x83\x86\x44" + bytes([len(value)]) + value
+
+    other = b"/other.Service/Method"
+    wire = Wire()
+    for stream_id, block in (
+        (1, indexed_path(other)),  # dynamic table: 62 other
+        (3, indexed_path(PATH.encode())),  # 62 PATH, 63 other
+        (5, indexed_path(PATH.encode())),  # 62 PATH, 63 PATH, 64 other
+        (7, b"\x83\x86\xbf"),  # entry 63: PATH
+        (9, b"\x83\x86\xc0"),  # entry 64: the other path
+    ):
+        wire.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, block))
+    out = wire.transport.take()
+    assert goaway_code(out) is None
+    unimplemented = [sid for kind, _, sid, payload in frames_in(out) if b"grpc-status\x0212" in payload]
+    assert unimplemented == [1, 9]
+
+
 def test_messages_held_behind_a_suspended_handle_give_their_window_back_once_handled() -> None:
     asyncio.run(_test_messages_held_behind_a_suspended_handle_give_their_window_back_once_handled())
 

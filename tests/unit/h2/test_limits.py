@@ -444,11 +444,24 @@ UNLIMITED_PINGS = Limits(pings_per_second=10**9, max_queued_control_frames=20)
 def test_control_replies_queued_to_a_peer_that_does_not_read_are_capped() -> None:
     wire = Wire(limits=UNLIMITED_PINGS)
     wire.transport.buffered = 1  # what was written is still in the buffer
-    wire.raw(ping() * 15)
+    wire.raw(ping() * 20)  # exactly the cap: still served
     assert goaway_code(wire.transport.take()) is None
-    wire.raw(ping() * 6)
-    assert goaway_code(wire.transport.take()) == f.ENHANCE_YOUR_CALM
+    wire.raw(ping())
+    out = wire.transport.take()
+    assert (goaway_code(out), goaway_debug(out)) == (
+        f.ENHANCE_YOUR_CALM,
+        "too many control replies queued to a peer that does not read",
+    )
     assert wire.ended()
+
+
+def test_the_largest_frame_size_a_peer_may_announce_is_accepted() -> None:
+    """SETTINGS_MAX_FRAME_SIZE may be 2^24-1 (RFC 9113 §6.5.2); one more is a PROTOCOL_ERROR."""
+    wire = Wire()
+    wire.raw(f.settings_frame({f.SETTINGS_MAX_FRAME_SIZE: f.MAX_FRAME_LIMIT}))
+    assert goaway_code(wire.transport.take()) is None
+    wire.raw(f.settings_frame({f.SETTINGS_MAX_FRAME_SIZE: f.MAX_FRAME_LIMIT + 1}))
+    assert goaway_code(wire.transport.take()) == f.PROTOCOL_ERROR
 
 
 def test_control_replies_the_peer_has_read_do_not_count() -> None:
