@@ -103,7 +103,9 @@ def test_envoys_own_stream_resets_never_count_as_a_flood(stack_factory: StackFac
     """Envoy resets the ext_proc stream of a request it has had its answers on, once per request: at
     a few thousand requests a second, past the default 1,000 resets a second, counting those ended
     Envoy's connection (ENHANCE_YOUR_CALM) and failed the requests in flight on it. Here the EPP
-    allows 5 resets a second and is sent 80 requests, 8 at a time, in well under a second."""
+    allows 5 resets a second and is sent 80 requests, 4 at a time, in a second or two. (Not more at a
+    time: the one pod's queue would pass the saturation threshold and the sheddable requests get 429,
+    which says nothing about resets; 8 at a time did so once in a CI run under load.)"""
     stack = stack_factory(
         pods=0,
         sim_config=SimConfig(model=BASE_MODEL, time_scale=0.001),
@@ -117,8 +119,8 @@ def test_envoys_own_stream_resets_never_count_as_a_flood(stack_factory: StackFac
 
     async def burst() -> None:
         async with httpx2.AsyncClient(base_url=stack.base_url, timeout=30) as http:
-            for _ in range(10):
-                await asyncio.gather(*(ask(http, headers) for _ in range(8)))
+            for _ in range(20):
+                await asyncio.gather(*(ask(http, headers) for _ in range(4)))
 
     asyncio.run(burst())
     log = stack.epp.log_tail(2000)
