@@ -125,6 +125,15 @@ class FakeTransport:
         data, self.chunks = b"".join(self.chunks), []
         return data
 
+    def mark(self) -> int:
+        """A place in everything written, for ``since``."""
+        return len(self.written)
+
+    def since(self, mark: int) -> bytes:
+        """What was written after ``mark`` (``Wire.pump`` hands it on to the client, so ``take`` no
+        longer has it)."""
+        return b"".join(self.written[mark:])
+
 
 @dataclass
 class Recorder:
@@ -271,6 +280,13 @@ class Wire:
             last = start + size >= len(data)
             self.client.send_data(stream_id, data[start : start + size], end_stream=end and last)
 
+    def answer_to(self, stream_id: int, payload: bytes) -> bytes:
+        """What the server wrote while one DATA frame of ``payload`` was pumped."""
+        before = self.transport.mark()
+        self.client.send_data(stream_id, payload)
+        self.pump()
+        return self.transport.since(before)
+
     def raw(self, data: bytes) -> None:
         """Bytes straight to the server (frames the client library would never write)."""
         self.server.data_received(data)
@@ -349,6 +365,15 @@ def frames_in(data: bytes) -> list[tuple[int, int, int, bytes]]:
         out.append((kind, flags, stream_id, data[position + 9 : position + 9 + length]))
         position += 9 + length
     return out
+
+
+def window_updates(data: bytes) -> list[tuple[int, int]]:
+    """(stream, increment) of every WINDOW_UPDATE in ``data``, in order."""
+    return [
+        (stream, f.U32.unpack(payload)[0])
+        for kind, _, stream, payload in frames_in(data)
+        if kind == f.WINDOW_UPDATE
+    ]
 
 
 def resets_in(data: bytes) -> dict[int, int]:

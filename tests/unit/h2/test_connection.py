@@ -26,6 +26,7 @@ from .support import (
     header_block,
     resets_in,
     suspended_stream,
+    window_updates,
 )
 
 
@@ -546,10 +547,11 @@ def trailers_block() -> bytes:
     return Encoder().encode([("grpc-status", "0")])
 
 
-@pytest.mark.parametrize("closed_by", ["refused", "reset"])
+@pytest.mark.parametrize("closed_by", ["refused", "reset", "ended"])
 def test_trailers_in_flight_for_a_stream_the_server_closed_are_ignored(closed_by: str) -> None:
-    """A peer may send a stream's trailers before it hears the stream was refused or reset: they are
-    dropped (the HPACK table decoded all the same), never taken for a stream opened out of order."""
+    """A peer may send a stream's trailers before it hears the stream was refused, reset or ended by
+    the server (its trailers and RST_STREAM NO_ERROR crossing them): they are dropped (the HPACK
+    table decoded all the same), never taken for a stream opened out of order."""
     wire = Wire(limits=Limits(max_concurrent_streams=1))
     opened = wire.open()
     wire.pump()
@@ -557,11 +559,15 @@ def test_trailers_in_flight_for_a_stream_the_server_closed_are_ignored(closed_by
     if closed_by == "refused":
         closed = opened + 2
         wire.raw(f.frame(f.HEADERS, f.END_HEADERS, closed, header_block()))  # one stream too many
-    else:
+    elif closed_by == "reset":
         wire.raw(f.window_update(opened, 0))  # a stream error: RST_STREAM PROTOCOL_ERROR
-    before = len(wire.transport.written)
+    else:
+        wire.send(opened, b"end")  # the handler ends it while the peer is still open
+        wire.pump()
+        assert wire.results[opened].reset == f.NO_ERROR
+    before = wire.transport.mark()
     wire.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, closed, trailers_block()))
-    assert goaway_code(b"".join(wire.transport.written[before:])) is None
+    assert goaway_code(wire.transport.since(before)) is None
     assert not wire.transport.closed
 
 
@@ -898,19 +904,14 @@ def test_messages_split_across_frames_give_the_connection_window_back_to_the_byt
     handled = updates = 0
     while updates < 3:
         wire.send_bytes(sid, grpc_message(message))
-        before = len(wire.transport.written)
+        before = wire.transport.mark()
         wire.pump()
         handled += 1
         available, owed = available - spent, owed + spent
         expected = []
         if available < window >> 1:  # less than half left: everything owed, in one update
             expected, available, owed = [owed], available + owed, 0
-        out = b"".join(wire.transport.written[before:])
-        increments = [
-            f.U32.unpack(payload)[0]
-            for kind, _, stream, payload in frames_in(out)
-            if kind == f.WINDOW_UPDATE and stream == 0
-        ]
+        increments = [n for stream, n in window_updates(wire.transport.since(before)) if stream == 0]
         assert increments == expected
         updates += len(increments)
         assert (wire.server._inflow.available, wire.server._inflow.owed) == (available, owed)

@@ -13,26 +13,13 @@ import pytest
 from epp.h2 import frames as f
 from epp.h2.connection import Limits
 
-from .support import Wire, frames_in, grpc_message
+from .support import Wire, grpc_message, window_updates
 
 FRAME = f.DEFAULT_MAX_FRAME
 
 
 def connection_increments(out: bytes) -> list[int]:
-    return [
-        f.U32.unpack(payload)[0]
-        for kind, _, stream, payload in frames_in(out)
-        if kind == f.WINDOW_UPDATE and stream == 0
-    ]
-
-
-def answer_to(wire: Wire, sid: int, payload: bytes) -> bytes:
-    """What the server wrote while a DATA frame of ``payload`` was pumped (pumping hands it on to the
-    client, so it is read from everything the transport was given)."""
-    before = len(wire.transport.written)
-    wire.client.send_data(sid, payload)
-    wire.pump()
-    return b"".join(wire.transport.written[before:])
+    return [n for stream, n in window_updates(out) if stream == 0]
 
 
 def two_messages(size: int, fill: bytes) -> bytes:
@@ -52,9 +39,9 @@ def test_frames_of_several_messages_are_credited_whole_once_less_than_half_the_w
     sizes = [half_spent // count + (1 if i < half_spent % count else 0) for i in range(count)]
     for i, size in enumerate(sizes):
         frame = two_messages(size, bytes([65 + i % 26]))
-        assert connection_increments(answer_to(wire, sid, frame)) == []
+        assert connection_increments(wire.answer_to(sid, frame)) == []
     assert wire.client.outbound_flow_control_window == window >> 1
-    last = answer_to(wire, sid, two_messages(20, b"z"))
+    last = wire.answer_to(sid, two_messages(20, b"z"))
     assert connection_increments(last) == [half_spent + 20]
     assert wire.client.outbound_flow_control_window == window
     (handler,) = wire.recorder.handlers

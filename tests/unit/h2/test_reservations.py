@@ -15,7 +15,7 @@ import pytest
 from epp.h2 import frames as f
 from epp.h2.connection import Limits
 
-from .support import Wire, frames_in, grpc_message
+from .support import Wire, grpc_message, window_updates
 
 WINDOW = 65_535
 
@@ -32,15 +32,7 @@ def limits(max_message_bytes: int) -> Limits:
 
 def widened(wire: Wire, sid: int, data: bytes) -> list[int]:
     """The stream's WINDOW_UPDATE increments the server wrote while ``data`` was received."""
-    before = len(wire.transport.written)
-    wire.client.send_data(sid, data)
-    wire.pump()
-    out = b"".join(wire.transport.written[before:])
-    return [
-        f.U32.unpack(payload)[0]
-        for kind, _, stream, payload in frames_in(out)
-        if kind == f.WINDOW_UPDATE and stream == sid
-    ]
+    return [n for stream, n in window_updates(wire.answer_to(sid, data)) if stream == sid]
 
 
 @pytest.mark.parametrize(
@@ -74,11 +66,10 @@ def test_the_budget_is_filled_to_the_byte_before_anyone_waits_and_an_exact_fit_f
     assert widened(wire, first, first_message[:5]) == [100_005 - WINDOW]
     assert widened(wire, second, struct.pack(">BI", 0, 99_995)) == [100_000 - WINDOW]
     assert widened(wire, third, struct.pack(">BI", 0, 100_000)) == []  # the budget is full: it waits
-    before = len(wire.transport.written)
+    before = wire.transport.mark()
     wire.send_bytes(first, first_message[5:])
     wire.pump()
-    out = b"".join(wire.transport.written[before:])
-    updates = {stream: f.U32.unpack(p)[0] for kind, _, stream, p in frames_in(out) if kind == f.WINDOW_UPDATE}
+    updates = dict(window_updates(wire.transport.since(before)))
     assert updates.get(third) == 100_005 - WINDOW  # reserved as soon as the first one was handed over
     assert wire.results[first].replies == [b"re:" + b"a" * 100_000]
 

@@ -88,7 +88,7 @@ async def _queued_behind_a_suspended_handle(ended_by: str) -> None:
     queued = [b"two" * 100, b"three" * 8_000]  # past half the stream window: its credit would be due
     wire.send(sid, b"wait", *queued, b"end", end=ended_by == "the-peer")
     wire.pump()
-    before = len(wire.transport.written)
+    before = wire.transport.mark()
     gate.set_result(None)
     await wire.settle()
     result = wire.results[sid]
@@ -96,7 +96,7 @@ async def _queued_behind_a_suspended_handle(ended_by: str) -> None:
     assert (result.status, wire.server.open_streams) == (0, 0)
     inflow = wire.server._inflow
     assert inflow.available + inflow.owed == window
-    frames = frames_in(b"".join(wire.transport.written[before:]))
+    frames = frames_in(wire.transport.since(before))
     ended_at = next(
         i for i, (kind, flags, stream, _) in enumerate(frames) if stream == sid and flags & f.END_STREAM
     )  # the trailers
