@@ -404,12 +404,18 @@ def _rw(name: str, *rules: dict[str, object], age_s: int = 0) -> ModelRewrite:
 def test_rewrite_precedence(
     store: Datastore, rewrites: Sequence[ModelRewrite], model_name: str, expected: tuple[str, str] | None
 ) -> None:
-    """Exact > catch-all > oldest creationTimestamp (then namespace/name) > rule order (upstream-v1.md §a)."""
+    """Exact > catch-all > oldest creationTimestamp (then namespace/name) > rule order (upstream-v1.md §a).
+
+    A match says whether it matched by name: only then is the request's model a declared one (its
+    metrics carry the name; a catch-all's carry the unknown-model label).
+    """
     for rewrite in rewrites:
         store.rewrite_set(rewrite)
     match = store.rewrite_match(model_name)
     got = None if match is None else (match.rewrite.key.name, match.rule.targets[0].name)
     assert got == expected
+    if match is not None:
+        assert match.exact is (model_name in match.rule.models)
 
 
 # --- objectives -------------------------------------------------------------------------------

@@ -81,7 +81,8 @@ class Env:
     datastore: Datastore = field(default_factory=new_datastore)
     scheduler: ScriptedScheduler = field(default_factory=ScriptedScheduler)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    rng: random.Random = field(default_factory=lambda: random.Random(7))
+    # None here and below: the argument is left out, so the servicer's own default applies.
+    rng: random.Random | None = field(default_factory=lambda: random.Random(7))
     metadata_namespace: str = "envoy.lb"
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     # None: the servicer makes (and owns) its own; a test that sends big bodies passes one and closes it.
@@ -94,7 +95,7 @@ class Env:
     prefix_aware: bool = False
     # The v1 protocol's knobs, as the servicer takes them (its defaults: the pick alone, subset on).
     fallbacks: int = 0
-    subset_filter: bool = True
+    subset_filter: bool | None = True
     # Upstream's test plugins (off, as without a config naming them).
     conformance: ConformanceHooks = NO_CONFORMANCE_HOOKS
     # The request metrics' class (a test passes one that fails, to see the response still pass).
@@ -108,13 +109,17 @@ class Env:
         return self._servicer
 
     def _build(self) -> ExtProcServicer:
+        defaulted: dict[str, Any] = {}
+        if self.rng is not None:
+            defaulted["rng"] = self.rng
+        if self.subset_filter is not None:
+            defaulted["endpoint_subset_filter"] = self.subset_filter
         return ExtProcServicer(
             self.datastore,
             self.scheduler,
             self.request_metrics(self.registry),
             destination_header_key=DEST,
             metadata_namespace=self.metadata_namespace,
-            rng=self.rng,
             clock=self._tick,
             max_request_body_bytes=self.max_request_body_bytes,
             body_scanner=self.body_scanner,
@@ -124,8 +129,8 @@ class Env:
                 else NO_ACCOUNTING
             ),
             destination_fallbacks=self.fallbacks,
-            endpoint_subset_filter=self.subset_filter,
             conformance=self.conformance,
+            **defaulted,
         )
 
     def _tick(self) -> float:

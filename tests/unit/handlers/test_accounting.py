@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.datastore import PodMetrics
+from epp.handlers.accounting import Accounting
 from epp.handlers.served import SERVED_KEY, SERVED_NAMESPACE
 from epp.scheduling.prefix import block_hashes
 from harness.base.eventually import eventually_async
@@ -116,6 +117,15 @@ def test_a_prefix_aware_epp_remembers_where_a_prompt_went_and_tells_the_schedule
     assert e.datastore.prefix_matches(block_hashes(LONG_PROMPT, "food-review-lora")) == {
         pod(e, "pod-1").pod.key: 4
     }
+
+
+def test_prompts_are_hashed_with_the_configured_block_size_and_limit() -> None:
+    """The scheduler's block size and block limit (the prefix scorer's settings) reach the hashing:
+    16-character blocks, at most 5, where the defaults would give 4 blocks of 64."""
+    accounting = Accounting(env().datastore, prefix_aware=True, block_chars=16, max_blocks=5)
+    query = accounting.prefix_query(LONG_PROMPT, "food-review-lora")
+    assert query.hashes == block_hashes(LONG_PROMPT, "food-review-lora", block_chars=16, max_blocks=5)
+    assert len(query.hashes) == 5
 
 
 def test_without_prefix_awareness_no_prompt_is_hashed() -> None:

@@ -270,3 +270,24 @@ def test_headers_after_a_routed_body_get_no_second_destination() -> None:
 def test_a_message_is_one_line_of_at_most_the_limit(text: str, expected: str) -> None:
     assert one_line(text) == expected
     assert len(one_line(text)) <= MAX_MESSAGE_CHARS
+
+
+def test_the_servicer_closes_the_scanner_it_made_and_leaves_one_passed_in_to_its_owner() -> None:
+    """`aclose` stops only a scanner the servicer made: one passed in may still serve others."""
+    theirs = BodyScanner(offload_bytes=1)  # every body goes to the child
+    lent = Env(body_scanner=theirs)
+    own = Env().pool().model("food-review").pod("pod-1", "10.0.0.1")
+    big = json.dumps({"model": "food-review", "prompt": "x" * 300_000}).encode()  # over the own offload size
+
+    async def scenario() -> Exchange:
+        try:
+            await lent.servicer().aclose()
+            assert (await theirs.scan(b'{"model": "m"}')).model == "m", "a scanner passed in stays open"
+        finally:
+            await theirs.aclose()
+        await own.servicer().aclose()
+        async with serving(own.servicer()) as channel:
+            return await exchange(channel, [headers(), body(big)])
+
+    result = asyncio.run(scenario())
+    assert immediate(result.replies[-1])[:2] == (500, "the endpoint picker is shutting down")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from typing import Any
 
 import grpc
@@ -85,6 +86,38 @@ def test_different_target_rewrites_model_and_content_length_byte_exact() -> None
     assert m.set_headers == {(DEST, "10.0.0.1:8000"), ("content-length", str(len(expected)))}
     assert len(expected) != len(expected.decode())  # the length counts bytes, not characters
     assert env.scheduler.requests[0].target_model == "food-review-lora"
+
+
+class _LastSlot(random.Random):
+    """Every weighted draw lands on the last slot: with weights 50/50, always the second target."""
+
+    def randrange(self, start: int, stop: int | None = None, step: int = 1) -> int:
+        return start - 1
+
+
+def split_targets(env: Env, requests: int) -> list[str]:
+    """The target model of each of `requests` completions through one servicer."""
+
+    async def scenario() -> None:
+        async with serving(env.servicer()) as channel:
+            for _ in range(requests):
+                result = await exchange(channel, [headers(), body(COMPLETION)])
+                assert result.code == grpc.StatusCode.OK, result.details
+
+    asyncio.run(scenario())
+    return [request.target_model for request in env.scheduler.requests]
+
+
+def test_weighted_splits_draw_from_the_rng_the_servicer_is_given() -> None:
+    env = routed_env(("a", 50), ("b", 50))
+    env.rng = _LastSlot()
+    assert split_targets(env, 20) == ["b"] * 20
+
+
+def test_a_servicer_given_no_rng_draws_from_its_own() -> None:
+    env = routed_env(("a", 50), ("b", 50))
+    env.rng = None
+    assert set(split_targets(env, 64)) == {"a", "b"}  # one-sided with probability 2**-63
 
 
 def test_scheduler_gets_model_target_and_criticality() -> None:

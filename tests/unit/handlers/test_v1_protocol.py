@@ -213,6 +213,14 @@ def test_a_disabled_subset_filter_ignores_the_hint(subset: str) -> None:
     assert routed_to(replies[0]) == "10.0.0.1:8000"
 
 
+def test_the_subset_filter_is_on_unless_turned_off() -> None:
+    """A servicer built without `endpoint_subset_filter` honours the hint, as the flag's default does."""
+    env = three_pods(subset_filter=None)
+    replies = run(env, request_headers(subset="10.0.0.2"), body(COMPLETION))
+    assert env.scheduler.candidates == [["pod-2"]]
+    assert routed_to(replies[0]) == "10.0.0.2:8000"
+
+
 # --- upstream's test plugins (gateway conformance) -------------------------------------------------
 SELECTING = ConformanceHooks(endpoint_selection_header=True)
 ECHOING = ConformanceHooks(served_endpoint_header=True)
