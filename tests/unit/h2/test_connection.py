@@ -100,6 +100,9 @@ def test_a_message_split_over_padded_frames_is_reassembled_and_windows_are_toppe
     assert wire.recorder.handlers[0].messages == [big]
     assert wire.results[sid].replies == [b"re:" + big]
     assert wire.results[sid].status == 0
+    inflow = wire.server._inflow  # every byte, padding too, credited back once
+    assert inflow.available + inflow.owed == inflow.size
+    assert wire.client.outbound_flow_control_window == inflow.available
 
 
 def test_an_unknown_method_is_unimplemented_and_no_handler_is_made() -> None:

@@ -97,9 +97,11 @@ def test_a_malformed_stream_is_reset_with_protocol_error_and_the_connection_serv
     wire.transport.take()
     wire.raw(frames)
     assert resets_in(wire.transport.take()) == {1: f.PROTOCOL_ERROR}
-    wire.raw(_open(3, [("content-length", str(len(grpc_message(b"ok"))))]))
-    wire.raw(f.frame(f.DATA, f.END_STREAM, 3, grpc_message(b"ok")))
+    ok = grpc_message(b"ok")  # its content-length met over two DATA frames
+    wire.raw(_open(3, [("content-length", str(len(ok)))]))
+    wire.raw(f.frame(f.DATA, 0, 3, ok[:4]) + f.frame(f.DATA, f.END_STREAM, 3, ok[4:]))
     assert wire.recorder.handlers[-1].messages == [b"ok"]
+    assert resets_in(wire.transport.take()) == {}
     assert not wire.transport.closed
 
 

@@ -256,11 +256,14 @@ async def _test_credit_for_a_suspended_stream_waits_until_its_handle_returns() -
     assert wire.recorder.handlers[0].messages == [b"wait", b"q" * 40_000]
 
 
-def test_data_past_the_connection_window_is_a_flow_control_error() -> None:
-    asyncio.run(_test_data_past_the_connection_window_is_a_flow_control_error())
+def test_data_up_to_the_connection_window_is_taken_and_a_byte_past_it_is_a_flow_control_error() -> None:
+    asyncio.run(_test_data_up_to_the_connection_window_is_taken_and_a_byte_past_it())
 
 
-async def _test_data_past_the_connection_window_is_a_flow_control_error() -> None:
+async def _test_data_up_to_the_connection_window_is_taken_and_a_byte_past_it() -> None:
+    """Whole messages queued behind suspended handles are held, so the peer can spend the
+    connection window to its last byte (no error: RFC 9113 §6.9.1 allows exactly the window); one
+    more byte ends the connection with FLOW_CONTROL_ERROR, saying why."""
     limits = Limits(
         max_message_bytes=100, max_frame_bytes=16_384, stream_window=65_535, connection_window=65_535
     )
@@ -274,9 +277,22 @@ async def _test_data_past_the_connection_window_is_a_flow_control_error() -> Non
     wire.transport.take()
     for sid in sids[:W]:  # whole messages queued behind the handles: W x 65,520 bytes
         wire.raw(data(sid, grpc_message(b"x" * 100) * 156) * 4)
-    assert goaway_code(wire.transport.take()) is None
-    wire.raw(data(sids[W], grpc_message(b"x" * 100) * 156) * 2)
-    assert goaway_code(wire.transport.take()) == f.FLOW_CONTROL_ERROR
+    left = wire.server._inflow.available
+    assert 16_384 < left < 65_535 - 4  # the last stream can take it all
+    messages = []  # messages of 105 bytes at most (the limit, 100, and the prefix), `left` in all
+    while left > 0:
+        size = left if left <= 105 else 55 if left <= 110 else 105  # never a piece under 5 bytes
+        messages.append(grpc_message(b"x" * (size - 5)))
+        left -= size
+    for start in range(0, len(messages), 156):  # frames of whole messages, none over 16,384 bytes
+        wire.raw(data(sids[W], b"".join(messages[start : start + 156])))
+    assert (wire.server._inflow.available, goaway_code(wire.transport.take())) == (0, None)
+    wire.raw(data(sids[W], b"z"))
+    out = wire.transport.take()
+    assert (goaway_code(out), goaway_debug(out)) == (
+        f.FLOW_CONTROL_ERROR,
+        "the peer overran the connection window",
+    )
     assert wire.ended()
     wire.lose()
     gate.cancel()

@@ -50,6 +50,35 @@ def test_frames_of_several_messages_are_credited_whole_once_less_than_half_the_w
     assert wire.results[sid].replies == [b"re:" + m for m in handler.messages]
 
 
+def test_whole_message_frames_between_others_are_credited_on_the_same_schedule() -> None:
+    """Frames of one whole message (the fast path, crediting inline) alternate with frames of two
+    (the reassembly path): the credit both owe adds up, none at exactly half the window spent, and
+    all of it in one update with the next frame."""
+    wire = Wire(limits=Limits(max_frame_bytes=FRAME))
+    window = wire.client.outbound_flow_control_window
+    sid = wire.open()
+    wire.pump()
+    half_spent = window - (window >> 1)
+    count = -(-half_spent // FRAME)
+    count += count % 2  # even: the frame that reaches exactly half is a whole-message one
+    sizes = [half_spent // count + (1 if i < half_spent % count else 0) for i in range(count)]
+    expected: list[bytes] = []
+    for i, size in enumerate(sizes):
+        fill = bytes([65 + i % 26])
+        if i % 2:
+            frame, expected = grpc_message(fill * (size - 5)), [*expected, fill * (size - 5)]
+        else:
+            frame, expected = two_messages(size, fill), [*expected, fill * (size - 10), b""]
+        assert connection_increments(wire.answer_to(sid, frame)) == [], f"frame {i}"
+    assert wire.client.outbound_flow_control_window == window >> 1
+    last = wire.answer_to(sid, grpc_message(b"z" * 15))
+    assert connection_increments(last) == [half_spent + 20]
+    assert wire.client.outbound_flow_control_window == window
+    inflow = wire.server._inflow  # and nothing more is owed: the next round starts from nothing
+    assert (inflow.available, inflow.owed) == (window, 0)
+    assert wire.recorder.handlers[0].messages == [*expected, b"z" * 15]
+
+
 @pytest.mark.parametrize(
     ("finisher", "handled", "status", "message"),
     [
@@ -105,3 +134,55 @@ def test_a_message_split_inside_its_prefix_is_no_longer_counted_as_waiting_once_
     wire.client.send_data(sid, whole[:3])  # and the next split counts from nothing again
     wire.pump()
     assert wire.server._unreserved == 3
+
+
+@pytest.mark.parametrize(
+    ("frames", "handled", "status"),
+    [
+        pytest.param(
+            # a 1-byte message then a 255-byte one: the first length and the next byte, read as five
+            # length bytes, make 261, which is what follows the prefix
+            [grpc_message(b"\x05") + grpc_message(b"y" * 255)],
+            [b"\x05", b"y" * 255],
+            None,
+            id="two-messages-read-as-one",
+        ),
+        pytest.param(
+            # declares 16 MiB + 3 bytes and carries 3: read without its first length byte, it is whole
+            [struct.pack(">BI", 0, (1 << 24) + 3) + b"abc"],
+            [],
+            8,
+            id="a-length-past-16-mib",
+        ),
+        pytest.param(
+            # the rest of a message whose bytes happen to look like a whole message of their own
+            [struct.pack(">BI", 0, 15) + b"head", b"\x00" + (6).to_bytes(4, "big") + b"tail!!"],
+            [b"head\x00\x00\x00\x00\x06tail!!"],
+            None,
+            id="the-middle-of-a-message",
+        ),
+        pytest.param(
+            # a message 10 bytes longer than its first frame carries: the prefix's 5 counted twice
+            [struct.pack(">BI", 0, 30) + b"a" * 20, b"b" * 10],
+            [b"a" * 20 + b"b" * 10],
+            None,
+            id="ten-bytes-still-to-come",
+        ),
+    ],
+)
+def test_a_frame_is_taken_as_one_whole_message_only_when_its_prefix_says_so(
+    frames: list[bytes], handled: list[bytes], status: int | None
+) -> None:
+    """The fast path (a frame that is exactly one message, handed over at once) must agree with the
+    reassembly path on every frame it takes: all four length bytes, on a stream holding no part of a
+    message, and not a byte more."""
+    wire = Wire()
+    window = wire.client.outbound_flow_control_window
+    sid = wire.open()
+    for frame in frames:
+        wire.client.send_data(sid, frame)
+        wire.pump()
+    assert wire.recorder.handlers[0].messages == handled
+    assert wire.results[sid].status == status
+    inflow = wire.server._inflow
+    assert inflow.available + inflow.owed == window
