@@ -412,6 +412,20 @@ PROTOCOL_VIOLATIONS = [
         id="data-after-the-peer-ended-the-stream",
     ),
     pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, header_block())
+        + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, header_block()),
+        f.STREAM_CLOSED,
+        "HEADERS on closed stream 1",
+        id="headers-after-the-peer-ended-the-stream",
+    ),
+    pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS, 5, header_block())
+        + f.frame(f.HEADERS, f.END_HEADERS, 3, header_block()),
+        f.PROTOCOL_ERROR,
+        "stream 3 opened after 5",
+        id="stream-opened-out-of-order",
+    ),
+    pytest.param(
         f.frame(f.HEADERS, 0, 1, header_block()) + f.frame(f.PING, 0, 0, b"12345678"),
         f.PROTOCOL_ERROR,
         "a header block was interrupted",
@@ -550,7 +564,7 @@ def trailers_block() -> bytes:
     return Encoder().encode([("grpc-status", "0")])
 
 
-@pytest.mark.parametrize("closed_by", ["refused", "reset", "ended"])
+@pytest.mark.parametrize("closed_by", ["refused", "reset", "ended", "malformed"])
 def test_trailers_in_flight_for_a_stream_the_server_closed_are_ignored(closed_by: str) -> None:
     """A peer may send a stream's trailers before it hears the stream was refused, reset or ended by
     the server (its trailers and RST_STREAM NO_ERROR crossing them): they are dropped (the HPACK
@@ -564,6 +578,12 @@ def test_trailers_in_flight_for_a_stream_the_server_closed_are_ignored(closed_by
         wire.raw(f.frame(f.HEADERS, f.END_HEADERS, closed, header_block()))  # one stream too many
     elif closed_by == "reset":
         wire.raw(f.window_update(opened, 0))  # a stream error: RST_STREAM PROTOCOL_ERROR
+    elif closed_by == "malformed":  # a request the server reset at its headers
+        wire.raw(f.window_update(opened, 0))  # (its slot freed first)
+        wire.transport.take()
+        closed = opened + 2
+        wire.raw(f.frame(f.HEADERS, f.END_HEADERS, closed, Encoder().encode([(":path", PATH)])))
+        assert resets_in(wire.transport.take()) == {closed: f.PROTOCOL_ERROR}
     else:
         wire.send(opened, b"end")  # the handler ends it while the peer is still open
         wire.pump()

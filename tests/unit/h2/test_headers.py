@@ -83,10 +83,15 @@ STREAM_ERRORS = [
         id="less-data-than-content-length",
     ),
     pytest.param(_open(1, [("content-length", "1")], end_stream=True), id="content-length-without-data"),
+    pytest.param(f.frame(f.HEADERS, f.END_HEADERS, 1, b""), id="empty-header-block"),
     pytest.param(
         _open(1, [])
         + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, Encoder().encode([(":path", "/")])),
         id="pseudo-header-in-trailers",
+    ),
+    pytest.param(
+        _open(1, []) + f.frame(f.HEADERS, f.END_HEADERS, 1, Encoder().encode([("x-more", "1")])),
+        id="a-second-header-block-without-end-stream",
     ),
 ]
 

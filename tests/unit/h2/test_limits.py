@@ -119,7 +119,11 @@ def test_refused_streams_count_against_the_reset_rate() -> None:
     wire.raw(headers(1) + headers(3) + headers(5))
     assert goaway_code(wire.transport.take()) is None
     wire.raw(headers(7))
-    assert goaway_code(wire.transport.take()) == f.ENHANCE_YOUR_CALM
+    out = wire.transport.take()
+    assert (goaway_code(out), goaway_debug(out)) == (
+        f.ENHANCE_YOUR_CALM,
+        "refused streams over the rate limit",
+    )
     assert wire.ended()
 
 
@@ -225,13 +229,15 @@ def test_messages_waiting_past_the_limit_end_the_stream_that_adds_more_and_the_o
     wire.send_bytes(reserved, big[:10_000])
     waiting = [wire.open() for _ in range(W + 1)]
     for sid in waiting:
-        wire.send_bytes(sid, big[:65_000])  # W of them: within the W x 65,535 that may wait
+        wire.send_bytes(sid, big[:65_535])  # W of them: exactly the W x 65,535 that may wait
     wire.pump()
     assert [wire.results[sid].status for sid in waiting] == [None] * W + [8]
-    assert "too many incomplete messages wait" in wire.results[waiting[-1]].message
+    assert wire.results[waiting[-1]].message == (
+        "too many incomplete messages wait for the connection's flow-control window"
+    )
     # The window still holds the reserved message beside all that waits: the connection never stalls.
     for sid in [reserved, *waiting[:-1]]:
-        wire.send_bytes(sid, big[65_000 if sid != reserved else 10_000 :])
+        wire.send_bytes(sid, big[65_535 if sid != reserved else 10_000 :])
         wire.pump()
     assert all(wire.results[sid].replies == [b"re:" + b"a" * 100_000] for sid in [reserved, *waiting[:-1]])
     assert wire.goaway is None

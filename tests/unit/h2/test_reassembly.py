@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+import h2.settings
 import pytest
 
 from epp.h2 import frames as f
@@ -186,3 +187,37 @@ def test_a_frame_is_taken_as_one_whole_message_only_when_its_prefix_says_so(
     assert wire.results[sid].status == status
     inflow = wire.server._inflow
     assert inflow.available + inflow.owed == window
+
+
+def stream_increments(out: bytes, stream_id: int) -> list[int]:
+    return [n for stream, n in window_updates(out) if stream == stream_id]
+
+
+def test_a_stream_s_credit_comes_back_on_the_same_schedule() -> None:
+    """Whole-message frames on one stream: none of its window comes back while half or more is
+    left, then everything it spent in one update."""
+    wire = Wire(limits=Limits(stream_window=65_535))
+    sid = wire.open()
+    wire.pump()
+    assert wire.client.local_flow_control_window(sid) == 65_535
+    for fill in (b"a", b"b"):  # 2 x 16,384: exactly half spent
+        assert stream_increments(wire.answer_to(sid, grpc_message(fill * 16_379)), sid) == []
+    assert stream_increments(wire.answer_to(sid, grpc_message(b"c" * 15)), sid) == [32_768 + 20]
+    assert wire.client.local_flow_control_window(sid) == 65_535
+    assert wire.recorder.handlers[0].messages == [b"a" * 16_379, b"b" * 16_379, b"c" * 15]
+
+
+def test_a_stream_whose_status_is_decided_is_given_no_more_window() -> None:
+    """The handler ended the stream while its reply waits for the peer's window (so the stream is
+    still open); what the peer still sends on it is dropped and credited to the connection only: a
+    stream window topped up would invite more bytes nobody reads."""
+    initial_window = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE
+    wire = Wire(limits=Limits(stream_window=65_535), client_settings={initial_window: 0}, ack_data=False)
+    sid = wire.open()
+    wire.send(sid, b"end")
+    wire.pump()
+    assert (wire.results[sid].status, wire.server.open_streams) == (None, 1)  # trailers held
+    out = b"".join(wire.answer_to(sid, grpc_message(b"x" * 16_379)) for _ in range(3))
+    assert stream_increments(out, sid) == []
+    inflow = wire.server._inflow
+    assert inflow.available + inflow.owed == inflow.size
