@@ -116,6 +116,22 @@ def test_an_unknown_method_is_unimplemented_and_no_handler_is_made() -> None:
     assert wire.recorder.handlers == []
 
 
+@pytest.mark.parametrize("end_stream", [True, False], ids=["peer-ended", "peer-open"])
+def test_an_unknown_method_s_stream_is_closed_as_the_peer_left_it(end_stream: bool) -> None:
+    """UNIMPLEMENTED ends the server's side. A peer still open is told to stop sending (RST_STREAM
+    NO_ERROR) and what it had in flight is ignored; a peer that had ended the stream is not reset,
+    and DATA from it afterwards is a connection error (STREAM_CLOSED)."""
+    wire = Wire()
+    wire.transport.take()
+    flags = f.END_HEADERS | (f.END_STREAM if end_stream else 0)
+    wire.raw(f.frame(f.HEADERS, flags, 1, header_block("/other.Service/Method")))
+    assert resets_in(wire.transport.take()) == ({} if end_stream else {1: f.NO_ERROR})
+    wire.raw(f.frame(f.DATA, 0, 1, b"x"))
+    out = wire.transport.take()
+    expected = (f.STREAM_CLOSED, "DATA on closed stream 1") if end_stream else (None, None)
+    assert (goaway_code(out), goaway_debug(out)) == expected
+
+
 def test_a_message_over_the_limit_ends_only_its_stream_with_resource_exhausted() -> None:
     wire = Wire(limits=Limits(max_message_bytes=100))
     big, small = wire.open(), wire.open()
@@ -424,6 +440,12 @@ PROTOCOL_VIOLATIONS = [
         f.PROTOCOL_ERROR,
         "stream 3 opened after 5",
         id="stream-opened-out-of-order",
+    ),
+    pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS | f.PRIORITY_FLAG, 1, b"\x00\x00\x00\x00"),
+        f.PROTOCOL_ERROR,
+        "HEADERS too short for its priority",
+        id="headers-too-short-for-its-priority",
     ),
     pytest.param(
         f.frame(f.HEADERS, 0, 1, header_block()) + f.frame(f.PING, 0, 0, b"12345678"),

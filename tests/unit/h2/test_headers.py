@@ -84,6 +84,10 @@ STREAM_ERRORS = [
     ),
     pytest.param(_open(1, [("content-length", "1")], end_stream=True), id="content-length-without-data"),
     pytest.param(f.frame(f.HEADERS, f.END_HEADERS, 1, b""), id="empty-header-block"),
+    pytest.param(  # the priority fields alone: read, then an empty block
+        f.frame(f.HEADERS, f.END_HEADERS | f.PRIORITY_FLAG, 1, b"\x00\x00\x00\x00\x10"),
+        id="priority-and-no-header-block",
+    ),
     pytest.param(
         _open(1, [])
         + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, Encoder().encode([(":path", "/")])),
