@@ -132,6 +132,16 @@ def test_an_unknown_method_s_stream_is_closed_as_the_peer_left_it(end_stream: bo
     assert (goaway_code(out), goaway_debug(out)) == expected
 
 
+def test_a_request_whose_headers_carry_priority_fields_is_served() -> None:
+    """RFC 9113 §6.2: the PRIORITY flag adds 5 bytes before the header block; they are skipped."""
+    wire = Wire()
+    priority = b"\x00\x00\x00\x00\x10"  # depends on stream 0, weight 17
+    wire.raw(f.frame(f.HEADERS, f.END_HEADERS | f.PRIORITY_FLAG, 1, priority + header_block()))
+    wire.raw(f.frame(f.DATA, f.END_STREAM, 1, grpc_message(b"ask")))
+    assert wire.recorder.handlers[0].messages == [b"ask"]
+    assert resets_in(wire.transport.take()) == {}
+
+
 def test_a_message_over_the_limit_ends_only_its_stream_with_resource_exhausted() -> None:
     wire = Wire(limits=Limits(max_message_bytes=100))
     big, small = wire.open(), wire.open()
@@ -448,6 +458,15 @@ PROTOCOL_VIOLATIONS = [
         id="headers-too-short-for-its-priority",
     ),
     pytest.param(
+        f.frame(f.PING, 0, 1, b"12345678"), f.PROTOCOL_ERROR, "PING on a stream", id="ping-on-a-stream"
+    ),
+    pytest.param(
+        f.frame(f.HEADERS, f.END_HEADERS | f.PRIORITY_FLAG, 1, b"\x00\x00\x00\x01\x10" + header_block()),
+        f.PROTOCOL_ERROR,
+        "stream 1 depends on itself",
+        id="headers-depending-on-their-own-stream",
+    ),
+    pytest.param(
         f.frame(f.HEADERS, 0, 1, header_block()) + f.frame(f.PING, 0, 0, b"12345678"),
         f.PROTOCOL_ERROR,
         "a header block was interrupted",
@@ -642,12 +661,20 @@ def test_a_header_block_in_many_continuation_frames_spends_no_empty_frame_budget
     assert [h.messages for h in wire.recorder.handlers] == [[b"end"]]
 
 
-def test_a_connection_without_the_http2_preface_is_refused() -> None:
+@pytest.mark.parametrize(
+    "start",
+    [
+        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", id="http/1.1-request"),
+        pytest.param(b"GET /", id="fewer-bytes-than-the-preface"),
+    ],
+)
+def test_a_connection_without_the_http2_preface_is_refused(start: bytes) -> None:
     transport = FakeTransport()
     server = Connection({}, Limits())
     server.connection_made(transport)  # type: ignore[arg-type]
-    server.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert goaway_code(transport.take()) == f.PROTOCOL_ERROR
+    server.data_received(start)
+    out = transport.take()
+    assert (goaway_code(out), goaway_debug(out)) == (f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
     assert transport.closed
 
 

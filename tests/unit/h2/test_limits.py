@@ -541,6 +541,17 @@ def test_the_preface_timer_stops_once_the_preface_arrived() -> None:
     assert wire.clock.armed == 0
 
 
+def test_the_preface_timer_stops_at_the_24_bytes_of_the_preface() -> None:
+    """The preface timer covers the client's magic; what follows (its SETTINGS) is under the header
+    and idle timers like any frame."""
+    clock, transport = FakeClock(), FakeTransport()
+    server = Connection({}, Limits(preface_timeout=10.0, idle_timeout=0), clock=clock)
+    server.connection_made(transport)  # type: ignore[arg-type]
+    server.data_received(f.PREFACE)
+    clock.advance(100.0)
+    assert (goaway_code(transport.take()), transport.closed, clock.armed) == (None, False, 0)
+
+
 SLOW_HEADERS = [
     pytest.param(f.frame(f.HEADERS, 0, 1, header_block()), id="header-block-without-end"),
     pytest.param(f.frame(f.HEADERS, f.END_HEADERS, 1, header_block())[:12], id="half-a-headers-frame"),
