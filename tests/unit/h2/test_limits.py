@@ -571,6 +571,22 @@ def test_a_header_block_or_frame_left_incomplete_is_closed_in_time(slow: bytes) 
     assert wire.ended()
 
 
+@pytest.mark.parametrize("part", [4, 12], ids=["the-frame-header-up-to-its-type", "half-the-payload"])
+def test_a_data_frame_arriving_slowly_is_not_held_to_the_header_timeout(part: int) -> None:
+    """A message may trickle in (flow control paces it): once the fourth byte says DATA, the frame is
+    left to the stream's own pace, not to the header timer."""
+    wire = Wire(limits=Limits(header_timeout=5.0, idle_timeout=0))
+    sid = wire.open()
+    wire.pump()
+    wire.transport.take()
+    frame = data(sid, grpc_message(b"slowly"))
+    wire.raw(frame[:part])
+    wire.clock.advance(10.0)
+    assert (goaway_code(wire.transport.take()), wire.transport.closed) == (None, False)
+    wire.raw(frame[part:])
+    assert wire.recorder.handlers[0].messages == [b"slowly"]
+
+
 def test_a_header_block_finished_in_time_stops_the_timer() -> None:
     wire = Wire(limits=Limits(header_timeout=5.0, idle_timeout=0))
     block = header_block()
