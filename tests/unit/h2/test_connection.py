@@ -662,6 +662,23 @@ def test_a_header_block_in_many_continuation_frames_spends_no_empty_frame_budget
 
 
 @pytest.mark.parametrize(
+    ("refusal", "why"),
+    [(f.NO_ERROR, "the server is stopping"), (f.ENHANCE_YOUR_CALM, "too many connections")],
+    ids=["stopping", "over-the-connection-cap"],
+)
+def test_a_refused_connection_is_told_why_and_nothing_it_sends_is_read(refusal: int, why: str) -> None:
+    transport = FakeTransport()
+    server = Connection({}, Limits(), on_made=lambda _: refusal)
+    server.connection_made(transport)  # type: ignore[arg-type]
+    out = transport.take()
+    assert frames_in(out)[0][0] == f.SETTINGS  # a GOAWAY must follow SETTINGS (RFC 9113 §3.4)
+    assert (goaway_code(out), goaway_debug(out)) == (refusal, why)
+    assert transport.closed
+    server.data_received(f.PREFACE + f.settings_frame({}) + f.frame(f.PING, 0, 0, b"12345678"))
+    assert transport.take() == b""
+
+
+@pytest.mark.parametrize(
     "start",
     [
         pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", id="http/1.1-request"),
