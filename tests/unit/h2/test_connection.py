@@ -673,6 +673,7 @@ def test_a_refused_connection_is_told_why_and_nothing_it_sends_is_read(refusal: 
     out = transport.take()
     assert frames_in(out)[0][0] == f.SETTINGS  # a GOAWAY must follow SETTINGS (RFC 9113 §3.4)
     assert (goaway_code(out), goaway_debug(out)) == (refusal, why)
+    assert frames_in(out)[1][3][:4] == b"\x00\x00\x00\x00"  # last stream 0: no stream was served
     assert transport.closed
     server.data_received(f.PREFACE + f.settings_frame({}) + f.frame(f.PING, 0, 0, b"12345678"))
     assert transport.take() == b""
