@@ -205,3 +205,21 @@ def test_pool_key_is_the_configured_one() -> None:
     current = w.store.pool_get()
     assert current is not None
     assert current.key == POOL_KEY
+
+
+def test_the_pool_s_lifecycle_is_told_to_an_operator_word_for_word(caplog: pytest.LogCaptureFixture) -> None:
+    """What `-v` shows of the pool and its pods: the resync with its endpoint count, another pool
+    ignored (naming the one served), a pod added at its address, the pool gone."""
+    w = World()
+    w.put(pod("ready", "10.0.0.1").build())
+    with caplog.at_level("DEBUG", logger="epp.controller"):
+        w.pool_event(pool().build())
+        w.pool_event(pool(name="other").build())
+        w.pod_event(pod("new", "10.0.0.2").build())
+        w.pool_event(None)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("epp.controller")] == [
+        f"pool {POOL_KEY}: pods resynced (1 endpoints)",
+        f"ignoring pool {NamespacedName(NS, 'other')} (serving {POOL_KEY})",
+        f"pod {NamespacedName(NS, 'new')} added at 10.0.0.2",
+        f"pool {POOL_KEY} gone or deleting: clearing the datastore",
+    ]

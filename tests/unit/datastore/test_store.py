@@ -233,7 +233,8 @@ def test_clear_forgets_everything_and_stops_every_refresher(store: Datastore, re
     assert sorted(recorder.calls) == [("removed", "p1"), ("removed", "p2"), ("removed", "p3")]
 
 
-def test_a_failing_listener_does_not_skip_the_other_pods() -> None:
+def test_a_failing_listener_does_not_skip_the_other_pods(caplog: pytest.LogCaptureFixture) -> None:
+    """Each failure is logged with the endpoint it was for and its traceback, and the others go on."""
     removed: list[str] = []
 
     class Flaky:
@@ -248,8 +249,14 @@ def test_a_failing_listener_does_not_skip_the_other_pods() -> None:
     store.pool_set(pool())
     for name in ("p1", "p2"):
         store.pod_update_or_add(pod(name))
-    store.clear()
+    keys = sorted(str(p.pod.key) for p in store.pod_get_all())
+    with caplog.at_level("ERROR", logger="epp.datastore"):
+        store.clear()
     assert sorted(removed) == ["p1", "p2"]
+    failures = sorted(
+        (r.getMessage(), r.exc_info is not None) for r in caplog.records if r.name.startswith("epp.datastore")
+    )
+    assert failures == [(f"pod lifecycle listener failed for {key}", True) for key in keys]
 
 
 def test_store_without_listener(store: Datastore) -> None:
