@@ -236,8 +236,22 @@ def test_unexpected_exception_is_logged_with_traceback(caplog: pytest.LogCapture
     assert immediate(replies[-1])[:2] == (500, "internal error in the endpoint picker")
     (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
     text = record.getMessage()
-    assert "Traceback (most recent call last)" in text
+    lines = text.splitlines()
+    assert lines[:2] == ["internal error handling request_body:", "Traceback (most recent call last):"]
+    assert lines[2].startswith('  File "'), "the traceback as Python prints it"
     assert "RuntimeError: scheduler bug" in text
+
+
+def test_routes_and_rejections_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    env = routed_env(("food-review-lora", None))
+    with caplog.at_level(logging.DEBUG, logger="epp.handlers"):
+        run_exchange(env, headers(), body(COMPLETION))
+        rejected = run_exchange(env, headers(), body({"model": "nope", "prompt": "x"}))
+    status, message, _ = immediate(rejected[-1])
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("epp.handlers")] == [
+        "routed model=food-review target=food-review-lora to 10.0.0.1:8000",
+        f"request rejected with {status}: {message}",
+    ]
 
 
 def test_bodyless_request_without_pods_is_503() -> None:
@@ -265,13 +279,16 @@ def test_model_name_with_newline_stays_one_line() -> None:
     ],
 )  # fmt: skip
 def test_garbage_gets_an_error_and_the_server_keeps_serving(
-    payload: bytes, details: str, transport: str
+    payload: bytes, details: str, transport: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario() -> None:
         async with serving(routed_env().servicer(), transport) as channel:
-            bad = await raw_exchange(channel, payload)
+            with caplog.at_level(logging.WARNING, logger="epp.handlers"):
+                bad = await raw_exchange(channel, payload)
             assert bad.code == grpc.StatusCode.INVALID_ARGUMENT
             assert details in bad.details, "the gRPC status says what was wrong"
+            warned = [r.getMessage() for r in caplog.records if r.name.startswith("epp.handlers")]
+            assert warned == [f"ext_proc protocol error: {bad.details}"]
             assert bad.replies == []
             good = await exchange(channel, [headers(), body(COMPLETION)])
             assert good.code == grpc.StatusCode.OK

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -126,6 +127,12 @@ def routing_reply(replies: list[pb.ProcessingResponse]) -> pb.ProcessingResponse
 
 
 # --- the destination comma list ------------------------------------------------------------------
+def test_a_subset_hint_of_neither_form_is_noted_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="epp.handlers"):
+        run(three_pods(), request_headers(subset=NUMBER), body(COMPLETION))
+    assert "ignoring a subset hint of kind number_value" in [r.getMessage() for r in caplog.records]
+
+
 @pytest.mark.parametrize("duplex", [True, False], ids=["full-duplex", "buffered"])
 @pytest.mark.parametrize(
     ("fallbacks", "expected"),
