@@ -28,16 +28,25 @@ def two_messages(size: int, fill: bytes) -> bytes:
     return grpc_message(fill * (size - 10)) + grpc_message(b"")
 
 
-def test_frames_of_several_messages_are_credited_whole_once_less_than_half_the_window_is_left() -> None:
-    """Frames of two messages each (the second empty) spend exactly half the connection window: no
-    credit yet (half is not less than half); one more frame brings all of it back in one update."""
+def half_the_window(even: bool = False) -> tuple[Wire, int, int, int, list[int]]:
+    """(wire, its connection window, an open stream, half the window, frame sizes of at most a frame
+    that add up to exactly that half; an even number of them when ``even``)."""
     wire = Wire(limits=Limits(max_frame_bytes=FRAME))
     window = wire.client.outbound_flow_control_window
     sid = wire.open()
     wire.pump()
     half_spent = window - (window >> 1)
     count = -(-half_spent // FRAME)
+    if even:
+        count += count % 2
     sizes = [half_spent // count + (1 if i < half_spent % count else 0) for i in range(count)]
+    return wire, window, sid, half_spent, sizes
+
+
+def test_frames_of_several_messages_are_credited_whole_once_less_than_half_the_window_is_left() -> None:
+    """Frames of two messages each (the second empty) spend exactly half the connection window: no
+    credit yet (half is not less than half); one more frame brings all of it back in one update."""
+    wire, window, sid, half_spent, sizes = half_the_window()
     for i, size in enumerate(sizes):
         frame = two_messages(size, bytes([65 + i % 26]))
         assert connection_increments(wire.answer_to(sid, frame)) == []
@@ -55,14 +64,8 @@ def test_whole_message_frames_between_others_are_credited_on_the_same_schedule()
     """Frames of one whole message (the fast path, crediting inline) alternate with frames of two
     (the reassembly path): the credit both owe adds up, none at exactly half the window spent, and
     all of it in one update with the next frame."""
-    wire = Wire(limits=Limits(max_frame_bytes=FRAME))
-    window = wire.client.outbound_flow_control_window
-    sid = wire.open()
-    wire.pump()
-    half_spent = window - (window >> 1)
-    count = -(-half_spent // FRAME)
-    count += count % 2  # even: the frame that reaches exactly half is a whole-message one
-    sizes = [half_spent // count + (1 if i < half_spent % count else 0) for i in range(count)]
+    # An even count: the frame that reaches exactly half is a whole-message one.
+    wire, window, sid, half_spent, sizes = half_the_window(even=True)
     expected: list[bytes] = []
     for i, size in enumerate(sizes):
         fill = bytes([65 + i % 26])
