@@ -6,6 +6,7 @@ Also: a failing reconcile is retried, and cancelling `run()` leaves no task behi
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Sequence
 
 import pytest
@@ -52,7 +53,9 @@ def models(store: Datastore) -> dict[str, str]:
     return {name: match.rewrite.key.name for name, match in store.rewrite_get_exact().items()}
 
 
-def test_initial_sync_then_events_flow_to_the_datastore() -> None:
+def test_initial_sync_then_events_flow_to_the_datastore(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="epp.k8s.controllers")
+
     async def main() -> None:
         async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
             populate(server)
@@ -67,6 +70,8 @@ def test_initial_sync_then_events_flow_to_the_datastore() -> None:
 
             # Synced means reconciled, not just listed: the store already shows the initial state.
             assert controllers.has_synced
+            said = [r.getMessage() for r in caplog.records if r.name == "epp.k8s.controllers"]
+            assert said.count("controllers synced") == 1
             current = store.pool_get()
             assert current is not None
             assert current.key == POOL_KEY
