@@ -110,7 +110,6 @@ def test_a_frame_that_finishes_its_stream_halfway_gives_every_byte_back(
     """The messages handed over before the stream's status was decided and the bytes dropped after it
     are all credited to the connection: none lost, none twice."""
     wire = Wire()
-    window = wire.client.outbound_flow_control_window
     sid = wire.open()
     wire.client.send_data(sid, grpc_message(b"first") + finisher + grpc_message(b"after"))
     wire.pump()
@@ -118,7 +117,7 @@ def test_a_frame_that_finishes_its_stream_halfway_gives_every_byte_back(
     assert handler.messages == handled
     assert (wire.results[sid].status, wire.results[sid].message) == (status, message)
     inflow = wire.server._inflow
-    assert inflow.available + inflow.owed == window
+    assert inflow.held == 0  # every byte credited back or owed, none lost
     assert wire.client.outbound_flow_control_window == inflow.available  # the peer's count agrees
 
 
@@ -181,7 +180,6 @@ def test_a_frame_is_taken_as_one_whole_message_only_when_its_prefix_says_so(
     reassembly path on every frame it takes: all four length bytes, on a stream holding no part of a
     message, and not a byte more."""
     wire = Wire()
-    window = wire.client.outbound_flow_control_window
     sid = wire.open()
     for frame in frames:
         wire.client.send_data(sid, frame)
@@ -189,7 +187,7 @@ def test_a_frame_is_taken_as_one_whole_message_only_when_its_prefix_says_so(
     assert wire.recorder.handlers[0].messages == handled
     assert wire.results[sid].status == status
     inflow = wire.server._inflow
-    assert inflow.available + inflow.owed == window
+    assert inflow.held == 0  # every byte credited back or owed, none lost
 
 
 def stream_increments(out: bytes, stream_id: int) -> list[int]:
@@ -223,4 +221,4 @@ def test_a_stream_whose_status_is_decided_is_given_no_more_window() -> None:
     out = b"".join(wire.answer_to(sid, grpc_message(b"x" * 16_379)) for _ in range(3))
     assert stream_increments(out, sid) == []
     inflow = wire.server._inflow
-    assert inflow.available + inflow.owed == inflow.size
+    assert inflow.held == 0  # every byte credited back or owed, none lost
