@@ -127,6 +127,21 @@ def changed_lines(diff: str) -> tuple[list[str], list[str], str]:
     return removed, added, path
 
 
+def removed_offset(diff: str) -> int | None:
+    """The line offset, from the mutated function's first line, of the first removed line: mutmut's
+    hunk header counts from the function's own start (line 1). None without a hunk header."""
+    offset = None
+    for line in diff.splitlines():
+        if offset is None:
+            if found := re.match(r"@@ -(\d+)", line):
+                offset = int(found.group(1)) - 1
+        elif line.startswith("-"):
+            return offset
+        elif not line.startswith("+"):
+            offset += 1
+    return None
+
+
 def mutated_function(name: str) -> tuple[str | None, str]:
     """(class or None, function) a mutant's name says it is in: `pkg.mod.xǁClassǁmethod__mutmut_7`,
     `pkg.mod.x_function__mutmut_7`."""
@@ -147,10 +162,14 @@ def function_start(source: str, cls: str | None, function: str) -> int:
     return next((i for i in range(start, len(lines)) if pattern.match(lines[i])), 0)
 
 
-def apply_mutant(source: str, removed: Sequence[str], added: Sequence[str], from_line: int = 0) -> str | None:
-    """`source` with the first run of `removed` lines (compared without indentation) at or after line
-    index `from_line` (the mutated function's def: the same lines may be in other functions too)
-    replaced by `added`, each at the indentation of the line it replaces; None if they are not there.
+def apply_mutant(
+    source: str, removed: Sequence[str], added: Sequence[str], from_line: int = 0, offset: int | None = None
+) -> str | None:
+    """`source` with a run of `removed` lines (compared without indentation) at or after line index
+    `from_line` (the mutated function's def: the same lines may be in other functions too) replaced
+    by `added`, each at the indentation of the line it replaces; None if they are not there. The
+    run taken is the one nearest `from_line + offset` (the same line may be twice in one function,
+    as in two `except` branches), the first one without an offset.
 
     mutmut's diffs are of the function alone, dedented and with their own line numbers, so they
     cannot go through `patch`."""
@@ -158,12 +177,17 @@ def apply_mutant(source: str, removed: Sequence[str], added: Sequence[str], from
         return None
     lines = source.split("\n")
     wanted = [line.strip() for line in removed]
-    for i in range(from_line, len(lines) - len(wanted) + 1):
-        if [line.strip() for line in lines[i : i + len(wanted)]] == wanted:
-            indents = [line[: len(line) - len(line.lstrip())] for line in lines[i : i + len(wanted)]]
-            replaced = [indents[min(k, len(indents) - 1)] + line.strip() for k, line in enumerate(added)]
-            return "\n".join([*lines[:i], *replaced, *lines[i + len(wanted) :]])
-    return None
+    found = [
+        i
+        for i in range(from_line, len(lines) - len(wanted) + 1)
+        if [line.strip() for line in lines[i : i + len(wanted)]] == wanted
+    ]
+    if not found:
+        return None
+    i = found[0] if offset is None else min(found, key=lambda at: abs(at - (from_line + offset)))
+    indents = [line[: len(line) - len(line.lstrip())] for line in lines[i : i + len(wanted)]]
+    replaced = [indents[min(k, len(indents) - 1)] + line.strip() for k, line in enumerate(added)]
+    return "\n".join([*lines[:i], *replaced, *lines[i + len(wanted) :]])
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -174,10 +198,12 @@ def _interrupted(signum: int, frame: object) -> None:
 def planted(name: str) -> Iterator[bool]:
     """The mutant's changed lines swapped into `epp/` for the block (True), the file restored whatever
     happens; False, nothing changed, when its lines are not in the file (it changed since the run)."""
-    removed, added, path = changed_lines(mutant_diff(name))
+    diff = mutant_diff(name)
+    removed, added, path = changed_lines(diff)
     target = ROOT / path
     original = target.read_text()
-    mutated = apply_mutant(original, removed, added, function_start(original, *mutated_function(name)))
+    start = function_start(original, *mutated_function(name))
+    mutated = apply_mutant(original, removed, added, start, removed_offset(diff))
     if mutated is None:
         print(f"NOT APPLIED {name}: its lines are not in {path} (changed since the run?)")
         yield False

@@ -121,3 +121,39 @@ def test_tests_that_could_not_run_stop_the_check_and_never_count_as_a_kill(
         path.write_text(content)
     with pytest.raises(SystemExit, match=f"did not run \\(exit code {code}\\)"):
         mutation.run_tests([str(path)])
+
+
+ONE_LINE_TWICE = """class Informer:
+    async def relist(self) -> None:
+        try:
+            await self.list()
+        except ApiError as exc:
+            await self.back_off(f"list failed: {exc}")
+        except KubeError as exc:
+            await self.back_off(f"list failed: {exc}")
+"""
+# mutmut's hunk counts from the function's own first line (the def is line 1).
+SECOND_BRANCH = """# epp.k8s.informer.xǁInformerǁrelist__mutmut_15: survived
+--- epp/k8s/informer.py
++++ epp/k8s/informer.py
+@@ -5,3 +5,3 @@
+         await self.back_off(f"list failed: {exc}")
+     except KubeError as exc:
+-        await self.back_off(f"list failed: {exc}")
++        await self.back_off(None)
+"""
+
+
+def test_a_line_found_twice_in_the_mutated_function_is_changed_where_the_hunk_says() -> None:
+    """The same `back_off` line in two `except` branches: the mutant is planted in the second, the
+    one mutmut changed (planting the first once read as a kill for tests of the other branch)."""
+    removed, added, _ = mutation.changed_lines(SECOND_BRANCH)
+    assert mutation.removed_offset(SECOND_BRANCH) == 6
+    start = mutation.function_start(ONE_LINE_TWICE, "Informer", "relist")
+    mutated = mutation.apply_mutant(
+        ONE_LINE_TWICE, removed, added, start, mutation.removed_offset(SECOND_BRANCH)
+    )
+    assert mutated is not None
+    api_error, kube_error = mutated.split("except KubeError")
+    assert "back_off(None)" not in api_error
+    assert "back_off(None)" in kube_error

@@ -232,6 +232,34 @@ def test_a_malformed_watch_line_says_what_it_was(line: bytes, says: str) -> None
         client_module._event(line)
 
 
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        pytest.param(b"<" + b"x" * 400, "line", id="not-json"),
+        pytest.param(
+            b'{"type": "ADDED", "object": 3, "pad": "' + b"x" * 400 + b'"}', "event", id="not-an-event"
+        ),
+    ],
+)
+def test_a_long_malformed_watch_line_is_quoted_to_its_first_200_bytes(line: bytes, says: str) -> None:
+    """The text goes into the informer's log line: a proxy's whole error page would flood it."""
+    with pytest.raises(KubeConnectionError) as caught:
+        client_module._event(line)
+    assert str(caught.value) == f"watch stream carried a malformed {says}: {line[:200]!r}"
+
+
+def test_a_list_without_a_resource_version_is_watched_from_now() -> None:
+    """An API server always sends the list's resourceVersion, but an aggregated API or a proxy may
+    not: the watch then starts with no resourceVersion (from now), never from a made-up one."""
+
+    async def main() -> None:
+        answers = {POD_PATH: (200, "application/json", b'{"items": [], "metadata": {}}')}
+        async with CannedServer(answers) as server, KubeClient(plain_config(server.url)) as client:
+            assert await client.list(PODS, "ns1") == ([], "")
+
+    run(main)
+
+
 def test_an_event_without_a_type_has_an_empty_type() -> None:
     assert client_module._event(b'{"object": {"kind": "Pod"}}').type == ""
 
@@ -253,6 +281,7 @@ def test_every_request_says_who_it_is_and_what_it_accepts() -> None:
                 assert request.headers["User-Agent"] == "epp/0.1 (inference endpoint picker)"
                 assert "Authorization" not in request.headers
             assert [r.headers.get("Content-Type") for r in server.requests[2:]] == ["application/json"] * 2
+            assert "Content-Length" not in server.requests[0].headers  # a GET carries no body
             assert server.requests[0].query == {"limit": "500"}
             assert server.requests[1].query == {
                 "watch": "true",
@@ -338,6 +367,7 @@ def test_an_error_without_a_status_body_takes_the_http_reason_and_only_404_is_ab
         answers = {
             LEASE: (503, "text/plain", b"upstream connect error"),
             "/gone": (404, "text/plain", b"404 page not found"),
+            "/bare": (599, "text/plain", b""),
         }
         async with CannedServer(answers) as server, KubeClient(plain_config(server.url)) as client:
             with pytest.raises(ApiError) as caught:
@@ -348,6 +378,9 @@ def test_an_error_without_a_status_body_takes_the_http_reason_and_only_404_is_ab
                 "",
             )
             assert str(caught.value) == "503 Service Unavailable"  # no dangling ": " without a message
+            with pytest.raises(ApiError) as caught:
+                await client.get_object("/bare")
+            assert str(caught.value) == "599"  # a status line without a reason phrase: nothing made up
             assert await client.get_object("/gone") is None
 
     run(main)

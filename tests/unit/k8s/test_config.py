@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import os
 import ssl
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -381,3 +383,71 @@ def test_tls_round_trip_with_client_certificate(
             assert [i["metadata"]["name"] for i in items] == ["p1"]
 
     run(main)
+
+
+def test_only_trailing_slashes_are_stripped_from_the_server_url(tmp_path: Path) -> None:
+    """The server URL is used as a prefix for every request path: the slashes that end it go, and
+    nothing else (a path behind a proxy may well end in a capital letter)."""
+    path = kubeconfig(tmp_path / "config", "https://10.0.0.1:6443/k8s/clusters/C-XX//", {}, {})
+    assert load_kubeconfig(path).server == "https://10.0.0.1:6443/k8s/clusters/C-XX"
+
+
+def test_with_kubeconfig_unset_no_file_but_the_home_one_is_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$KUBECONFIG unset (or empty) names no file: nothing in the working directory is looked at, so a
+    stray file there never decides which cluster the EPP watches; ~/.kube/config is the only candidate."""
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    kubeconfig(home / ".kube" / "config", "http://127.0.0.1:3", {}, {})
+    monkeypatch.chdir(tmp_path)
+    looked_at: list[Path] = []
+    exists = Path.exists
+
+    def recording_exists(self: Path, *args: Any, **kwargs: Any) -> bool:
+        looked_at.append(self)
+        return exists(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", recording_exists)
+    for env in ({}, {"KUBECONFIG": ""}):
+        looked_at.clear()
+        assert load_config("", env, home=home).server == "http://127.0.0.1:3"
+        assert looked_at == [home / ".kube" / "config"], env
+
+
+def test_the_client_key_is_written_for_its_owner_only_to_a_named_temp_dir_then_removed(
+    tmp_path: Path, pki: tuple[TinyCA, CertKeyPair, CertKeyPair], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ssl loads a client certificate only from files, so the inline pair is written out for the
+    moment it takes: the key readable by its owner alone (whatever the umask lets through), in a
+    private directory whose name says whose it is (should a killed process leave it behind), gone
+    once loaded."""
+    _, _, client = pki
+    seen: list[tuple[Path, Path, int, int]] = []
+    load_cert_chain = ssl.SSLContext.load_cert_chain
+
+    def recording_load(
+        self: ssl.SSLContext, certfile: Any, keyfile: Any = None, password: Any = None
+    ) -> None:
+        cert, key = Path(certfile), Path(keyfile)
+        seen.append((cert, key, stat.S_IMODE(key.stat().st_mode), stat.S_IMODE(key.parent.stat().st_mode)))
+        load_cert_chain(self, certfile, keyfile, password)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_cert_chain", recording_load)
+    path = kubeconfig(
+        tmp_path / "config",
+        "https://127.0.0.1:6443",
+        {},
+        {"client-certificate-data": b64(client.cert_pem), "client-key-data": b64(client.key_pem)},
+    )
+    umask = os.umask(0o022)  # a usual umask, which would let a group or other bit through
+    try:
+        load_kubeconfig(path)
+    finally:
+        os.umask(umask)
+    [(cert, key, key_mode, dir_mode)] = seen
+    assert (key_mode, dir_mode) == (0o600, 0o700)
+    assert cert.parent == key.parent
+    assert key.parent.name.startswith("epp-kubeconfig-"), key.parent.name
+    assert (cert.name, key.name) == ("client.crt", "client.key")
+    assert not key.parent.exists()

@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
-from epp.api import EndpointKey, InferencePool, NamespacedName, PodObject
-from epp.api.types import V1ALPHA2_GROUP
-from epp.datastore import Datastore, Metrics, PodMetrics, new_datastore
+from epp.api import EndpointKey, InferencePool, NamespacedName, ObjectReader, PodObject
+from epp.api.types import V1_GROUP, V1ALPHA2_GROUP
+from epp.datastore import Datastore, PodMetrics, new_datastore
 from epp.k8s.backoff import BackoffPolicy
 from epp.k8s.client import KubeClient
-from epp.k8s.controllers import Controllers
+from epp.k8s.controllers import Controllers, Reconcile, ReconcilerFactory, Reconcilers
 from harness.base.eventually import eventually_async
 from harness.cluster.builders import ModelBuilder, PodBuilder, PoolBuilder
+from tests.unit.api import objects
 
-from .fake_apiserver import MODEL_PATH, POD_PATH, POOL_PATH, FakeApiServer
+from .fake_apiserver import MODEL_PATH, OBJECTIVE_PATH, POD_PATH, POOL_PATH, V1_POOL_PATH, FakeApiServer
 from .support import WAIT, BlockingSleep, RecordingSleep, plain_config, run
 
 POOL_KEY = NamespacedName("ns1", "pool")
@@ -140,7 +144,7 @@ class FlakyStore:
     def clear(self) -> None:
         self.inner.clear()
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         # Objectives, rewrites and routing memory: the real store's.
         return getattr(self.inner, name)
 
@@ -158,9 +162,6 @@ class FlakyStore:
 
     def pod_get_all(self) -> Sequence[PodMetrics]:
         return self.inner.pod_get_all()
-
-    def pod_update_metrics_if_exist(self, key: EndpointKey, metrics: Metrics) -> bool:
-        return self.inner.pod_update_metrics_if_exist(key, metrics)
 
 
 def test_failed_reconcile_is_retried(caplog: pytest.LogCaptureFixture) -> None:
@@ -284,5 +285,96 @@ def test_run_twice_is_refused() -> None:
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+
+    run(main)
+
+
+@dataclass(frozen=True)
+class RecordingBackoff(BackoffPolicy):
+    """A real policy that also records the random source each of its delays was drawn from."""
+
+    drawn_from: list[random.Random] = field(default_factory=list, compare=False)
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        self.drawn_from.append(rng)
+        return super().delay(attempt, rng)
+
+
+def test_the_given_backoffs_are_used_and_every_delay_is_drawn_from_the_given_random_source() -> None:
+    """Each policy given to Controllers is the one used where it belongs (reconnects, retries of a
+    failed reconcile, looking again for an absent kind), and every jittered delay is drawn from the
+    one random source given: a seeded source makes a run's timing reproducible."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            server.upsert(V1_POOL_PATH, objects.pool_v1())
+            server.upsert(POD_PATH, pod("p1", "10.0.0.1"))
+            server.forbidden.add(OBJECTIVE_PATH)  # absent: looked for again with absent_backoff
+            server.list_faults.extend(["500"] * 4)  # reconnect_backoff
+            flaky = FlakyStore(fail=1)  # the pool's first reconcile fails: retry_backoff
+            store: Datastore = flaky
+            rng = random.Random(3)
+            reconnect = RecordingBackoff(initial=0.01, maximum=0.01, jitter=0.5)
+            retry = RecordingBackoff(initial=0.001, maximum=0.001, jitter=0.5)
+            absent = RecordingBackoff(initial=0.01, maximum=0.01, jitter=0.5)
+            controllers = Controllers(
+                client,
+                store,
+                POOL_KEY,
+                pool_group=V1_GROUP,
+                sleep=RecordingSleep(),
+                rng=rng,
+                reconnect_backoff=reconnect,
+                retry_backoff=retry,
+                absent_backoff=absent,
+            )
+            task = asyncio.create_task(controllers.run(), name="controllers")
+
+            async def each_used() -> None:
+                assert reconnect.drawn_from, "reconnect_backoff never used"
+                assert retry.drawn_from, "retry_backoff never used"
+                assert absent.drawn_from, "absent_backoff never used"
+                assert flaky.pool_get() is not None
+
+            await eventually_async(each_used, timeout=WAIT)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            policies = {"reconnect_backoff": reconnect, "retry_backoff": retry, "absent_backoff": absent}
+            for name, policy in policies.items():
+                foreign = [source for source in policy.drawn_from if source is not rng]
+                assert not foreign, f"{name}: {len(foreign)} delays drawn from another random source"
+
+    run(main)
+
+
+def test_every_reconciler_factory_is_given_the_reader_the_store_and_the_pool_served() -> None:
+    """`Reconcilers` is how a harness plants a slow or broken reconcile: each kind's factory, the
+    pod's too, gets the same reader, the store and the pool this EPP serves."""
+
+    async def main() -> None:
+        async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
+            given: dict[str, tuple[ObjectReader, Datastore, NamespacedName]] = {}
+
+            def factory(kind: str) -> ReconcilerFactory:
+                def build(reader: ObjectReader, store: Datastore, pool: NamespacedName) -> Reconcile:
+                    given[kind] = (reader, store, pool)
+                    return lambda key: None
+
+                return build
+
+            store = new_datastore()
+            kinds = ("pool", "objective", "rewrite", "pod")
+            Controllers(
+                client,
+                store,
+                POOL_KEY,
+                pool_group=V1_GROUP,
+                sleep=RecordingSleep(),
+                reconcilers=Reconcilers(**{kind: factory(kind) for kind in kinds}),
+            )
+            assert set(given) == set(kinds)
+            assert {(s, p) for _, s, p in given.values()} == {(store, POOL_KEY)}
+            assert len({id(reader) for reader, _, _ in given.values()}) == 1
 
     run(main)

@@ -180,7 +180,11 @@ def test_bookmark_advances_the_resource_version_used_to_reconnect() -> None:
     run(main)
 
 
-def test_reconnect_after_dropped_connection_resumes_without_relisting() -> None:
+def test_reconnect_after_dropped_connection_resumes_without_relisting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The drop is a failure to back off from (once, at the initial delay), and the warning says why."""
+
     async def main() -> None:
         def setup(server: FakeApiServer) -> None:
             two_pods(server)
@@ -199,7 +203,14 @@ def test_reconnect_after_dropped_connection_resumes_without_relisting() -> None:
             assert len(h.server.lists(POD_PATH)) == 1
             assert h.sleep.delays == [0.5]  # one backoff at the initial delay (events reset it)
 
-    run(main)
+    with caplog.at_level("WARNING", logger="epp.k8s.informer"):
+        run(main)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    dropped = (
+        r"pods/ns1: watch failed: watch http://\S+/api/v1/namespaces/ns1/pods: .+; "
+        r"retrying in 0\.50s \(failure 1\)"
+    )
+    assert re.fullmatch(dropped, warning), warning
 
 
 @pytest.mark.parametrize(
@@ -257,8 +268,9 @@ def test_list_failures_back_off_exponentially_until_synced() -> None:
     run(main)
 
 
-def test_watch_that_closes_at_once_backs_off() -> None:
-    """client-go's "very short watch": a watch ending immediately with nothing is a failure."""
+def test_watch_that_closes_at_once_backs_off(caplog: pytest.LogCaptureFixture) -> None:
+    """client-go's "very short watch": a watch ending immediately with nothing is a failure, and the
+    log says that is why the informer waits (not an error the server sent)."""
 
     async def main() -> None:
         def setup(server: FakeApiServer) -> None:
@@ -268,7 +280,13 @@ def test_watch_that_closes_at_once_backs_off() -> None:
             await h.watch_count(4)
             assert h.sleep.delays == [0.5, 1.0, 2.0]
 
-    run(main)
+    with caplog.at_level("DEBUG", logger="epp.k8s.informer"):
+        run(main)
+    assert [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()] == [
+        "pods/ns1: watch closed at once without events; retrying in 0.50s (failure 1)",
+        "pods/ns1: watch closed at once without events; retrying in 1.00s (failure 2)",
+        "pods/ns1: watch failed: 500 InternalError: scripted failure; retrying in 2.00s (failure 3)",
+    ]
 
 
 def test_unparseable_object_is_not_cached() -> None:
@@ -407,6 +425,43 @@ def test_an_unparseable_object_never_cached_makes_no_event(caplog: pytest.LogCap
         run(main)
     (warning,) = [r.getMessage() for r in caplog.records]
     assert re.fullmatch(r"pods/ns1: cannot parse ns1/p9: (KeyError|ValueError|TypeError)\(.+\)", warning)
+
+
+def test_the_deletion_of_an_unparseable_object_never_cached_makes_no_event() -> None:
+    """A deletion is told with the object's last state; one the cache never held and that cannot be
+    parsed has none, so handlers hear nothing (they would otherwise get a deletion without an object)."""
+
+    async def main() -> None:
+        async with started(two_pods) as h:
+            await h.next(2)
+            await h.watch_count(1)
+            h.server.raw_event(POD_PATH, "DELETED", unparseable("p9"))
+            h.server.upsert(POD_PATH, pod("p3"))
+            assert await h.next() == [("ADDED", "p3")]
+            assert h.informer.get(key("p9")) is None
+
+    run(main)
+
+
+def test_an_object_without_a_namespace_is_keyed_as_its_parser_keys_it() -> None:
+    """The cache's key and the parsed object's own key must agree, namespace "" included: a reconciler
+    given the event's key reads the cache and writes the store under the object's key, so a
+    mismatch would leave the object in the store after its deletion."""
+
+    async def main() -> None:
+        def setup(server: FakeApiServer) -> None:
+            bare = pod("p0")
+            del bare["metadata"]["namespace"]  # type: ignore[attr-defined]
+            server.upsert(POD_PATH, bare)
+
+        seen: list[InformerEvent[PodObject]] = []
+        async with started(setup, first_handler=seen.append) as h:
+            assert await h.next() == [("ADDED", "p0")]
+            [event] = seen
+            assert event.key == event.obj.key == NamespacedName("", "p0")
+            assert h.informer.get(NamespacedName("", "p0")) == event.obj
+
+    run(main)
 
 
 def test_while_the_api_is_away_the_first_and_every_tenth_failure_warn(

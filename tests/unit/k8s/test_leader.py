@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -54,6 +55,10 @@ def seen(holder: str, renew: str = "t1", transitions: int = 0, at: float = 0.0) 
         pytest.param(lease("other"), seen("other", at=0.0), 15.0, TAKE, id="unchanged-for-a-duration-take"),
         pytest.param(lease("other", "t2"), seen("other", "t1", at=0.0), 30.0, WAIT, id="renewed-since-wait"),
         pytest.param(lease("other"), None, 100.0, WAIT, id="first-sight-wait"),
+        # Any field of the record that moved is a sign of life, leaseTransitions too.
+        pytest.param(
+            lease("other", transitions=1), seen("other", at=0.0), 30.0, WAIT, id="handed-over-since-wait"
+        ),
     ],
 )
 def test_decide(current: dict[str, Any] | None, observed: Observed | None, now: float, step: str) -> None:
@@ -209,11 +214,29 @@ def test_a_renewal_stuck_in_a_hung_call_does_not_keep_the_leader_serving() -> No
     asyncio.run(main())
 
 
-def test_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match="identity"):
-        LeaseSettings("")
-    with pytest.raises(ValueError, match="retry_period < renew_deadline < lease_duration"):
-        LeaseSettings("a", lease_duration=10.0, renew_deadline=10.0)
+ORDER = "leader election needs 0 < retry_period < renew_deadline < lease_duration"
+
+
+@pytest.mark.parametrize(
+    ("identity", "timing", "message"),
+    [
+        pytest.param("", {}, "leader election needs an identity", id="no-identity"),
+        pytest.param("a", {"retry_period": 0.0}, ORDER, id="retry-period-zero"),
+        pytest.param("a", {"retry_period": -1.0}, ORDER, id="retry-period-negative"),
+        pytest.param("a", {"retry_period": 10.0, "renew_deadline": 10.0}, ORDER, id="retry-as-long-as-renew"),
+        pytest.param(
+            "a", {"renew_deadline": 15.0, "lease_duration": 15.0}, ORDER, id="renew-as-long-as-lease"
+        ),
+    ],
+)
+def test_settings_that_cannot_elect_are_refused_saying_what_is_needed(
+    identity: str, timing: dict[str, float], message: str
+) -> None:
+    """A retry period of 0 would spin on the API server; retrying no faster than the renew deadline
+    lets a healthy leader step down between two tries; renewing no sooner than the Lease expires
+    lets two replicas serve at once. The operator reads the rule in the error."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        LeaseSettings(identity, **timing)
 
 
 def test_the_lease_goes_through_the_real_client() -> None:
@@ -398,6 +421,7 @@ def test_a_failure_streak_warns_once_and_a_lost_renewal_says_so(caplog: pytest.L
         for _ in range(5):
             clock.now += 2.0
             await a.try_once()
+        assert a.is_leader is False  # the renewal is lost: a bool, as typed, not merely falsy
         store.down = False
         await a.try_once()
         assert a.is_leader  # took its own Lease back: it was still named in it
@@ -522,3 +546,41 @@ def test_run_tries_every_retry_period_until_cancelled() -> None:
         assert only(store)["metadata"]["resourceVersion"] == "3"  # created, then renewed twice
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("transitions", "written"),
+    [pytest.param(None, 1, id="field-omitted"), pytest.param(3, 4, id="three-before")],
+)
+def test_a_lease_another_elector_wrote_is_waited_behind_then_taken_as_one_more_transition(
+    transitions: int | None, written: int
+) -> None:
+    """leaseTransitions is optional in the Lease API (another implementation, or kubectl, may leave
+    it out): such a Lease is still waited behind for its duration, then taken as one transition more
+    than it records (the first when it records none)."""
+
+    async def main() -> None:
+        store, clock, wall = LeaseStore(), Clock(), Wall()
+        b = walled(store, clock, "b", wall)
+        spec: dict[str, Any] = {
+            "holderIdentity": "other",
+            "leaseDurationSeconds": 15,
+            "renewTime": "2024-12-31T23:59:59.000000Z",
+        }
+        if transitions is not None:
+            spec["leaseTransitions"] = transitions
+        store.objects[f"{LEASES.format(namespace='ns1')}/{b.lease_name}"] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": b.lease_name, "resourceVersion": "7"},
+            "spec": spec,
+        }
+        await b.try_once()
+        clock.now += 14.0
+        await b.try_once()
+        assert (b.is_leader, store.holder()) == (False, "other")
+        clock.now += 1.0
+        await b.try_once()
+        assert (b.is_leader, store.holder(), only(store)["spec"]["leaseTransitions"]) == (True, "b", written)
+
+    run(main)

@@ -66,7 +66,9 @@ class Running:
 
 
 @asynccontextmanager
-async def running(retry_backoff: BackoffPolicy = FAST_RETRY) -> AsyncIterator[Running]:
+async def running(
+    retry_backoff: BackoffPolicy = FAST_RETRY, bookmark_interval: float = 60.0
+) -> AsyncIterator[Running]:
     async with FakeApiServer() as server, KubeClient(plain_config(server.url)) as client:
         populate(server)
         store = new_datastore()
@@ -78,6 +80,7 @@ async def running(retry_backoff: BackoffPolicy = FAST_RETRY) -> AsyncIterator[Ru
             pool_group=V1ALPHA2_GROUP,
             sleep=RecordingSleep(),
             retry_backoff=retry_backoff,
+            bookmark_interval=bookmark_interval,
             reconcilers=Reconcilers(pod=gated.factory),
         )
         task = asyncio.create_task(controllers.run(), name="controllers")
@@ -214,5 +217,22 @@ def test_a_relist_after_410_sets_the_applied_version_from_the_list() -> None:
                 assert (now.relists, now.stalled_watches) == (1, 0)  # what the debug view shows
 
             await eventually_async(relisted, timeout=WAIT)
+
+    run(main)
+
+
+def test_a_watch_replaced_as_dead_is_counted_in_its_kind_s_progress() -> None:
+    """What the debug view shows as stalledWatches: here no watch ever gets a bookmark, so each one
+    is replaced after two intervals of silence, and each kind counts its own."""
+
+    async def main() -> None:
+        async with running(bookmark_interval=0.2) as r:  # idle limit 0.4 s
+
+            async def counted() -> None:
+                report = r.controllers.progress()
+                assert all(p.stalled_watches >= 1 for p in report), report
+                assert all(p.relists == 0 for p in report), report
+
+            await eventually_async(counted, timeout=WAIT)
 
     run(main)

@@ -36,7 +36,10 @@ def swap_in(token_dir: Path, token: str) -> None:
     os.replace(fresh, token_dir / "token")
 
 
-def test_a_token_read_error_is_retried_and_never_kills_the_informer(tmp_path: Path) -> None:
+def test_a_token_read_error_is_retried_and_never_kills_the_informer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The list is retried with backoff like any unreachable API server, and the warning says why."""
     token = tmp_path / "token"  # not there yet: every request fails to read it
 
     async def main() -> None:
@@ -64,7 +67,14 @@ def test_a_token_read_error_is_retried_and_never_kills_the_informer(tmp_path: Pa
                     with pytest.raises(asyncio.CancelledError):
                         await task
 
-    run(main)
+    with caplog.at_level(logging.WARNING, logger="epp.k8s.informer"):
+        run(main)
+    gone = f"[Errno 2] No such file or directory: '{token}'"
+    first = next(r.getMessage() for r in caplog.records if r.name == "epp.k8s.informer")
+    assert first == (
+        f"pods/ns1: list failed: cannot read the bearer token file {token}: {gone}; "
+        "retrying in 0.50s (failure 1)"
+    )
 
 
 def test_a_rotated_token_is_used_for_the_next_request(tmp_path: Path) -> None:
@@ -120,3 +130,25 @@ def test_a_token_never_read_is_a_retryable_error(tmp_path: Path) -> None:
     source = TokenFile(str(tmp_path / "missing"))
     with pytest.raises(KubeConnectionError, match="missing"):
         source.read()
+
+
+def test_the_first_read_says_nothing_and_the_first_failure_after_it_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token file not there yet (the kubelet has not written it) is an error for the caller, not a
+    failure streak: its first good read logs no "readable again", and the first read to fail after
+    a good one warns."""
+    token = tmp_path / "token"
+    with caplog.at_level(logging.INFO, logger="epp.k8s.config"):
+        source = TokenFile(str(token))
+        with pytest.raises(KubeConnectionError):
+            source.read()
+        swap_in(tmp_path, "t1")
+        assert source.read() == "t1"
+        assert caplog.records == [], "a first good read is nothing to report"
+        token.unlink()
+        assert source.read() == "t1"
+    gone = f"[Errno 2] No such file or directory: '{token}'"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"cannot re-read the bearer token file {token} ({gone}); using the last token read")
+    ]

@@ -198,3 +198,40 @@ def test_idle_counts_queued_in_flight_and_retrying_keys_as_work() -> None:
         assert q.idle
 
     run(main)
+
+
+def test_wait_idle_holds_while_another_key_is_queued_or_in_flight() -> None:
+    """The settle barrier (`Controllers.run`) waits on this before it says "synced": one key done
+    while another is still queued, or still held by a second worker, is not idle."""
+
+    async def main() -> None:
+        q = queue()
+        q.add("a")
+        q.add("b")
+        q.done(await q.get())  # "b" still queued
+        idle = asyncio.create_task(q.wait_idle(), name="idle")
+        await asyncio.sleep(0)
+        assert not idle.done()
+        b = await q.get()
+        q.add("c")
+        c = await q.get()
+        q.done(b)  # "c" still in flight
+        await asyncio.sleep(0)
+        assert not idle.done()
+        q.done(c)
+        await asyncio.wait_for(idle, WAIT)
+
+    run(main)
+
+
+def test_a_shut_down_queue_names_itself_in_what_it_raises() -> None:
+    """A worker that lets QueueShutDown escape must say which queue stopped (one queue per kind)."""
+
+    async def main() -> None:
+        q: WorkQueue[str] = WorkQueue("pods", backoff=NO_JITTER, call_later=ManualTimers())
+        assert q.name == "pods"
+        q.shutdown()
+        with pytest.raises(QueueShutDown, match=r"^pods$"):
+            await q.get()
+
+    run(main)
