@@ -75,6 +75,9 @@ class TcpProxy(StartStop):
         self._server: asyncio.Server | None = None
         self._links: set[_Link] = set()
         self._frozen: set[_Link] = set()
+        # Connections accepted whose upstream connection is still being opened: `_close_all`
+        # cancels them, or a stop in that moment would leave the upstream socket to the GC.
+        self._connecting: set[asyncio.Task[Any]] = set()
         self._accepted = 0
 
     # ------------------------------------------------------------------ addresses and counts
@@ -95,6 +98,14 @@ class TcpProxy(StartStop):
 
     async def _count(self) -> int:
         return self._accepted
+
+    @property
+    def connecting(self) -> int:
+        """Connections accepted whose upstream connection is still being opened."""
+        return self._run(self._count_connecting())
+
+    async def _count_connecting(self) -> int:
+        return len(self._connecting)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Self:
@@ -166,11 +177,16 @@ class TcpProxy(StartStop):
             self._server = await asyncio.start_server(self._accept, LOOPBACK, self.port, reuse_address=True)
 
     async def _accept(self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        connecting = asyncio.current_task()
+        assert connecting is not None
+        self._connecting.add(connecting)
         try:
             upstream_reader, upstream = await asyncio.open_connection(self.upstream_host, self.upstream_port)
-        except OSError:
+        except (OSError, asyncio.CancelledError):
             client.close()
             return
+        finally:
+            self._connecting.discard(connecting)
         link = _Link(client, upstream)
         self._links.add(link)
         self._accepted += 1
@@ -216,6 +232,10 @@ class TcpProxy(StartStop):
 
     async def _close_all(self) -> None:
         await self._cut()
+        connecting, self._connecting = self._connecting, set()
+        for task in connecting:
+            task.cancel()
+        await asyncio.gather(*connecting, return_exceptions=True)
         frozen, self._frozen = self._frozen, set()
         for link in frozen:
             await link.close()

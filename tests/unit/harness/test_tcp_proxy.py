@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import socket
 import socketserver
@@ -10,8 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.base.eventually import eventually
 from harness.base.ports import LOOPBACK
 from harness.dataplane.tcp_proxy import TcpProxy
+from tests.sockets import unaccepting_port
 
 TIMEOUT_S = 5.0
 
@@ -104,3 +107,22 @@ def test_stop_closes_frozen_connections(echo: int) -> None:
         client.close()
         proxy.stop()
     gc.collect()
+
+
+def test_a_stop_while_an_upstream_connection_is_being_opened_leaves_no_socket() -> None:
+    """The EPP reconnects all the time (short watches): a stop can fall between accepting a client
+    and reaching the upstream. That half-made connection is abandoned cleanly, not left to the GC
+    (whose "unclosed socket" warning then fails whichever test runs next)."""
+    with contextlib.ExitStack() as stack:
+        proxy = TcpProxy(LOOPBACK, unaccepting_port(stack)).start()
+        try:
+            client = stack.enter_context(connect(proxy))
+
+            def connecting() -> None:
+                assert proxy.connecting == 1
+
+            eventually(connecting, timeout=TIMEOUT_S)
+        finally:
+            proxy.stop()
+        assert client.recv(1) == b"", "the client's connection is closed"
+        gc.collect()  # an unclosed socket or transport would warn (warnings are errors) here

@@ -2,16 +2,13 @@
 
 The fake API server always answers and always closes politely; these do not: one never answers (nor
 finishes a TLS handshake), one hangs up after reading the request, one streams a watch and then
-stops reading, so a TLS close it is sent is never answered; `unaccepting_port` never completes a
-TCP connection. `client_sockets_to` counts this process's open sockets to a port (the client's side
-of the connections), read from /proc.
+stops reading, so a TLS close it is sent is never answered (tests/sockets.py has a port that never
+accepts, and the count of this process's sockets to a port).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import ssl
 from pathlib import Path
 from types import TracebackType
@@ -102,36 +99,3 @@ def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(tmp_path / "srv.crt", tmp_path / "srv.key")
     return server_ctx, ssl.create_default_context(cadata=ca.cert_pem.decode())
-
-
-def client_sockets_to(port: int) -> int:
-    """Open sockets of this process whose remote end is 127.0.0.1:`port` (the client's side)."""
-    ours = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            target = fd.readlink().name
-        except OSError:
-            continue  # closed while we looked
-        if target.startswith("socket:["):
-            ours.add(target[len("socket:[") : -1])
-    count = 0
-    for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        remote_port = int(fields[2].split(":")[1], 16)
-        if remote_port == port and fields[9] in ours:
-            count += 1
-    return count
-
-
-def unaccepting_port(stack: contextlib.ExitStack) -> int:
-    """A port whose accept queue is full: a new connection's SYN is dropped, so connecting hangs."""
-    listener = stack.enter_context(socket.socket())
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port: int = listener.getsockname()[1]
-    for _ in range(3):  # backlog 0 still queues one; the rest are left half-open
-        filler = stack.enter_context(socket.socket())
-        filler.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            filler.connect(("127.0.0.1", port))
-    return port

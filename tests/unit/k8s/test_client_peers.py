@@ -22,8 +22,9 @@ from epp.k8s.client import PODS, KubeClient, WatchEvent
 from epp.k8s.config import KubeConfig
 from epp.k8s.errors import KubeConnectionError, WatchStalledError
 from harness.base.eventually import eventually_async
+from tests.sockets import client_sockets_to, unaccepting_port
 
-from .peers import Peer, client_sockets_to, tls_pair, unaccepting_port
+from .peers import Peer, tls_pair
 from .support import WAIT, plain_config, run
 
 PODS_PATH = "/api/v1/namespaces/ns1/pods"
