@@ -59,8 +59,8 @@ MODEL_KINDS_VERSION: Final = "v1alpha2"
 
 V1ALPHA2: Final = Generation(
     "v1alpha2",
-    "inference.networking.x-k8s.io",
-    "v1alpha2",
+    MODEL_KINDS_GROUP,  # v1alpha2's pool lives beside its models
+    MODEL_KINDS_VERSION,
     ("InferenceModel",),
     "inference_model",
     "examples/cluster/vllm-sim.yaml",

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 OBJECTIVES = (releases.MODEL_KINDS_GROUP, releases.MODEL_KINDS_VERSION, "inferenceobjectives")
 REWRITES = (releases.MODEL_KINDS_GROUP, releases.MODEL_KINDS_VERSION, "inferencemodelrewrites")
-MODELS = ("inference.networking.x-k8s.io", "v1alpha2", "inferencemodels")
+MODELS = (releases.V1ALPHA2.pool_group, releases.V1ALPHA2.pool_version, "inferencemodels")
 
 
 def _served(plane: ControlPlane, group: str, version: str) -> set[str]:
@@ -66,4 +66,4 @@ def test_v1_6_0_takes_the_optional_kinds_from_v1_5_0() -> None:
     own = [p for p in files if p.name not in releases.OPTIONAL_KIND_FILES]
     assert own
     assert all(p.parent.name == "v1.6.0" for p in own)
-    assert "inference.networking.k8s.io_inferencepools.yaml" in {p.name for p in own}
+    assert f"{releases.V1.pool_group}_inferencepools.yaml" in {p.name for p in own}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
+from harness.cluster.releases import V1
+
 # What each prints for --help (abridged from the real binaries; Go's flag package uses one dash).
 V0_3_HELP: Final = """Usage of epp:
   -certPath string
@@ -17,23 +19,23 @@ V0_3_HELP: Final = """Usage of epp:
   -poolNamespace string
   -v value
 """
-V1_HELP: Final = """Usage of epp:
+V1_HELP: Final = f"""Usage of epp:
       --cert-path string
       --config-file string
       --grpc-health-port int     (default 9003)
       --grpc-port int            (default 9002)
       --metrics-port int         (default 9090)
-      --pool-group string        (default "inference.networking.k8s.io")
+      --pool-group string        (default "{V1.pool_group}")
       --pool-name string
       --pool-namespace string
   -v, --v Level
 """
-LWEPP_HELP: Final = """Usage of lwepp:
+LWEPP_HELP: Final = f"""Usage of lwepp:
       --grpc-health-port int     (default 9003)
       --grpc-port int            (default 9002)
       --kubeconfig string
       --metrics-port int         (default 9090)
-      --pool-group string        (default "inference.networking.k8s.io")
+      --pool-group string        (default "{V1.pool_group}")
       --pool-name string
       --pool-namespace string
       --zap-log-level level

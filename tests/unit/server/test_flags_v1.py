@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from epp import config as defaults
+from epp.api.types import V1_GROUP, V1ALPHA2_GROUP
 from epp.server.flag_values import FlagError
 from epp.server.flags import NO_OP_FLAGS, REFUSED_METRIC_FLAGS, _parser, parse_flags
 
@@ -47,7 +48,7 @@ def chart_args(*, replicas: int = 1, tracing: bool = False, metrics_auth: bool =
     args = [
         "--pool-name", "vllm-llama3-8b-instruct",
         "--pool-namespace", "default",
-        "--pool-group", "inference.networking.k8s.io",
+        "--pool-group", V1_GROUP,
         "--zap-encoder", "json",
         "--config-file", CHART_CONFIG_PATH,
     ]  # fmt: skip
@@ -177,7 +178,7 @@ def test_the_kebab_name_is_primary_and_the_camel_name_an_alias(
 
 def test_upstream_v1_defaults() -> None:
     c = parse_flags(["--pool-name", "p"], {}).config
-    assert c.pool_group == "inference.networking.k8s.io"
+    assert c.pool_group == V1_GROUP
     assert c.pool_namespace == "default"
     assert c.prober.refresh_interval == 0.05
     assert c.refresh_prometheus_metrics_interval == 5.0
@@ -203,7 +204,7 @@ def test_pool_namespace_falls_back_to_the_namespace_variable() -> None:
 
 
 def test_the_v1alpha2_pool_group_selects_the_old_generation() -> None:
-    c = parse_flags(["--pool-name", "p", "--pool-group", "inference.networking.x-k8s.io"], {}).config
+    c = parse_flags(["--pool-name", "p", "--pool-group", V1ALPHA2_GROUP], {}).config
     assert c.pool_group == defaults.V1ALPHA2_POOL_GROUP
     assert not c.api_v1
 
