@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, TypeVar
 
+from epp.k8s.client import WatchEvent
 from epp.k8s.config import KubeConfig
 
 T = TypeVar("T")
@@ -23,6 +25,14 @@ def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return result
 
     return asyncio.run(checked())
+
+
+async def drain(stream: AsyncGenerator[WatchEvent, None], into: list[WatchEvent] | None = None) -> None:
+    """Read a watch to its end (into `into`, when given), closing it whatever happens."""
+    async with contextlib.aclosing(stream):
+        async for event in stream:
+            if into is not None:
+                into.append(event)
 
 
 def plain_config(url: str, token: str = "") -> KubeConfig:

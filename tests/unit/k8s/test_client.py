@@ -6,7 +6,6 @@ import contextlib
 import re
 import socket
 import ssl
-from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,7 @@ from harness.cluster.builders import PodBuilder, PoolBuilder
 from harness.cluster.certs import TinyCA
 
 from .fake_apiserver import POD_PATH, POOL_PATH, FakeApiServer
-from .support import plain_config, run
-
-
-async def drain(stream: AsyncGenerator[WatchEvent, None], into: list[WatchEvent] | None = None) -> None:
-    async with contextlib.aclosing(stream):
-        async for event in stream:
-            if into is not None:
-                into.append(event)
+from .support import drain, plain_config, run
 
 
 def test_resource_paths() -> None:

@@ -25,7 +25,7 @@ from harness.base.eventually import eventually_async
 from tests.sockets import client_sockets_to, unaccepting_port
 
 from .peers import Peer, tls_pair
-from .support import WAIT, plain_config, run
+from .support import WAIT, drain, plain_config, run
 
 PODS_PATH = "/api/v1/namespaces/ns1/pods"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/ns1/leases"
@@ -43,10 +43,7 @@ async def first_event(client: KubeClient) -> WatchEvent:
 
 
 async def read_all(client: KubeClient, idle_timeout: float | None = None) -> None:
-    stream = client.watch(PODS, "ns1", "1", idle_timeout=idle_timeout)
-    async with contextlib.aclosing(stream):
-        async for _ in stream:
-            pass
+    await drain(client.watch(PODS, "ns1", "1", idle_timeout=idle_timeout))
 
 
 @pytest.mark.parametrize(
@@ -115,10 +112,7 @@ def test_a_watch_given_no_idle_limit_waits_twice_its_timeout_for_an_event() -> N
     async def main() -> None:
         async with Peer("late-watch") as peer, KubeClient(plain_config(peer.url)) as client:
             seen: list[WatchEvent] = []
-            stream = client.watch(PODS, "ns1", "1", timeout_seconds=10)
-            async with contextlib.aclosing(stream):
-                async for event in stream:
-                    seen.append(event)
+            await drain(client.watch(PODS, "ns1", "1", timeout_seconds=10), seen)
             assert [(e.type, e.resource_version) for e in seen] == [("ADDED", "5")]
 
     run(main)
