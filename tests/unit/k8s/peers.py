@@ -1,7 +1,7 @@
 """Misbehaving API-server peers for the client's timeout and connection-bookkeeping tests.
 
 The fake API server always answers and always closes politely; these do not: one never answers (nor
-finishes a TLS handshake), one hangs up after reading the request, one streams a watch and then
+answers a TLS handshake), one hangs up after reading the request, one streams a watch and then
 stops reading, so a TLS close it is sent is never answered (tests/sockets.py has a port that never
 accepts, and the count of this process's sockets to a port).
 """
@@ -27,7 +27,8 @@ def chunk(data: bytes) -> bytes:
 class Peer:
     """A TCP (or TLS) server on 127.0.0.1 whose conduct is one of:
 
-    - ``silent``: accepts and never sends a byte (over TLS: never answers the handshake);
+    - ``silent``: accepts and never sends a byte (run without TLS and dialled over https, it never
+      answers the client's handshake);
     - ``hang-up``: reads the request head, then closes the connection;
     - ``watch``: answers a watch with one event and keeps the stream open, answering a TLS close;
     - ``late-watch``: answers a watch, sends its one event after half a second, and ends it;

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import re
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -114,6 +115,34 @@ def test_a_watch_given_no_idle_limit_waits_twice_its_timeout_for_an_event() -> N
             seen: list[WatchEvent] = []
             await drain(client.watch(PODS, "ns1", "1", timeout_seconds=10), seen)
             assert [(e.type, e.resource_version) for e in seen] == [("ADDED", "5")]
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    ("says", "call"),
+    [
+        pytest.param("GET {url}", lambda c: c.list(PODS, "ns1"), id="list"),
+        pytest.param("watch {url}", read_all, id="watch"),
+    ],
+)
+def test_a_tls_handshake_never_answered_fails_after_the_request_timeout(says: str, call: Call) -> None:
+    """A peer that accepts the connection and never answers the ClientHello: the handshake is part
+    of connecting, so a watch is bounded by `request_timeout` here too, not by its idle limit (which
+    would be 120 s for a default watch) nor by asyncio's 60-s handshake timeout."""
+
+    async def main() -> None:
+        async with Peer("silent") as peer:  # plain TCP: it never speaks TLS
+            url = f"https://127.0.0.1:{peer.port}"
+            config = KubeConfig(server=url, ssl_context=ssl.create_default_context())
+            async with KubeClient(config, request_timeout=0.3) as client:
+                started = asyncio.get_running_loop().time()
+                with pytest.raises(KubeConnectionError) as caught:
+                    await asyncio.wait_for(call(client), WAIT)
+                took = asyncio.get_running_loop().time() - started
+        assert str(caught.value).startswith(says.format(url=url) + PODS_PATH)
+        assert "Timeout" in str(caught.value)
+        assert took < WAIT / 2
 
     run(main)
 
