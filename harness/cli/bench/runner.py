@@ -251,6 +251,7 @@ def replay_once(
         outcomes,
         time_scale=config.time_scale,
         span_wall_s=span,
+        arrivals=[r.at for r in requests[warm_count(len(requests), config.warmup_fraction) :]],
         per_pod=pool.served_per_pod(),
         slo=config.slo,
         late_s=sum(a.late_s - b.late_s for a, b in pairs),

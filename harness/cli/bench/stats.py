@@ -43,7 +43,7 @@ class RunResult:
     e2e: dict[str, float]
     throughput_rps: float  # successful requests per simulated second
     output_tps: float  # output tokens per simulated second
-    goodput_rps: float  # requests within the SLO per simulated second
+    goodput_rps: float  # requests within the SLO per simulated second of offered traffic (`goodput`)
     imbalance: float  # busiest pod's requests / mean requests per pod (1.0 = even)
     per_pod: list[int] = field(default_factory=list)
     wall_s: float = 0.0
@@ -79,6 +79,21 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def goodput(good: int, arrivals: Sequence[float]) -> float:
+    """Requests within the SLO per second: the share of the counted requests that met it times the
+    rate they were offered at (from their arrival times, simulated seconds, in trace order).
+
+    Not divided by the run's span, which ends when the last request finishes: a trace of a few
+    seconds at 64 pods drains for as long again, and that tail (one long decode) would rank policies
+    that all met the SLO for every request. Here those tie at the offered rate, and a policy only
+    gains goodput by meeting the SLO more often. NaN for fewer than two arrivals.
+    """
+    if len(arrivals) < 2 or arrivals[-1] <= arrivals[0]:
+        return math.nan
+    offered = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    return good / len(arrivals) * offered
+
+
 def _percentiles(values: Sequence[float]) -> dict[str, float]:
     return {f"p{q}": percentile(values, q) for q in PERCENTILES}
 
@@ -91,6 +106,7 @@ def summarize(
     *,
     time_scale: float,
     span_wall_s: float,
+    arrivals: Sequence[float],
     per_pod: Sequence[int],
     slo: Slo,
     late_s: float = 0.0,
@@ -127,7 +143,7 @@ def summarize(
         e2e=_percentiles(e2es),
         throughput_rps=len(ok) / span,
         output_tps=sum(o.tokens for o in ok) / span,
-        goodput_rps=good / span,
+        goodput_rps=goodput(good, arrivals),
         imbalance=(max(per_pod) / mean) if mean > 0 else math.nan,
         per_pod=list(per_pod),
         wall_s=span_wall_s,

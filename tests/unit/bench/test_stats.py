@@ -9,7 +9,7 @@ import pytest
 from harness.cli.bench import report
 from harness.cli.bench.loadgen import Outcome
 from harness.cli.bench.runner import BenchConfig, BenchResult
-from harness.cli.bench.stats import RunResult, Slo, aggregate, percentile, summarize
+from harness.cli.bench.stats import RunResult, Slo, aggregate, goodput, percentile, summarize
 
 
 def outcome(index: int, ttft: float, e2e: float, tokens: int, status: int = 200) -> Outcome:
@@ -42,14 +42,23 @@ def test_summarize_converts_to_simulated_time_and_counts_goodput() -> None:
         Outcome(3, status=429),
         Outcome(4, status=0, error="ClientConnectorError"),
     ]
+    arrivals = [0.0, 0.25, 0.5, 0.75, 1.0]  # simulated seconds: 4 requests per second offered
     run = summarize(
-        "p", 0.9, 0, outcomes, time_scale=2.0, span_wall_s=4.0, per_pod=[3, 1, 0, 0], slo=Slo(1.0, 0.05)
+        "p",
+        0.9,
+        0,
+        outcomes,
+        time_scale=2.0,
+        span_wall_s=4.0,
+        arrivals=arrivals,
+        per_pod=[3, 1, 0, 0],
+        slo=Slo(1.0, 0.05),
     )
     assert (run.requests, run.ok, run.shed, run.errors) == (5, 3, 1, 1)
     assert run.ttft["p50"] == pytest.approx(0.01)
     assert run.ttft["p99"] == pytest.approx(1.1)
     assert run.throughput_rps == pytest.approx(3 / 2.0)  # 4 wall seconds = 2 simulated
-    assert run.goodput_rps == pytest.approx(1 / 2.0)
+    assert run.goodput_rps == pytest.approx(1 / 5 * 4.0)  # 1 of 5 within the SLO, at 4 per second
     assert run.output_tps == pytest.approx(33 / 2.0)
     assert run.imbalance == pytest.approx(3.0)  # busiest pod 3 against a mean of 1
 
@@ -103,3 +112,37 @@ def test_a_ratio_against_a_policy_that_did_not_run_is_not_a_verdict() -> None:
     result.policies = ["epp"]
     result.runs = [run("epp", 0.9, 0.1)]
     assert all(r.holds is None for r in report.ratios(result))
+
+
+def test_goodput_is_the_share_within_the_slo_times_the_offered_rate() -> None:
+    arrivals = [0.0, 0.5, 1.0, 1.5, 2.0]  # 2 requests per second
+    assert goodput(5, arrivals) == pytest.approx(2.0)
+    assert goodput(2, arrivals) == pytest.approx(0.8)
+    assert goodput(0, arrivals) == 0.0
+
+
+def test_how_long_the_last_request_takes_to_finish_does_not_change_goodput() -> None:
+    """Two runs that met the SLO for every request tie, however long the trace took to drain (it
+    used to be divided by the span to the last finish, and one long decode at the end decided)."""
+    outcomes = [outcome(i, ttft=0.02, e2e=0.22, tokens=11) for i in range(4)]
+    quick, slow = (
+        summarize(
+            "p",
+            0.9,
+            0,
+            outcomes,
+            time_scale=1.0,
+            span_wall_s=span,
+            arrivals=[0.0, 1.0, 2.0, 3.0],
+            per_pod=[4],
+            slo=Slo(1.0, 0.05),
+        )
+        for span in (3.5, 9.0)
+    )
+    assert quick.throughput_rps > slow.throughput_rps
+    assert quick.goodput_rps == slow.goodput_rps == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("arrivals", [[], [1.0], [2.0, 2.0]])
+def test_goodput_without_a_rate_to_measure_is_nan(arrivals: list[float]) -> None:
+    assert math.isnan(goodput(len(arrivals), arrivals))

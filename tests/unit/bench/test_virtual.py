@@ -165,3 +165,21 @@ def test_a_virtual_run_reports_every_policy() -> None:
     assert all(r["ok"] == r["requests"] for r in data["runs"])
     assert all(r["workload"] == "sharegpt" for r in data["ratios"])
     assert any(n.startswith("CPU time") for n in data["notes"])
+
+
+def test_policies_that_meet_the_slo_for_every_request_tie_on_goodput() -> None:
+    """At a light load both policies serve every request within the SLO: their goodput is the rate
+    the trace offered, whichever finished its last request first (their throughputs differ)."""
+    config = VirtualConfig(
+        pods=2,
+        requests=120,
+        loads=(0.3,),
+        policies=("epp", "round-robin"),
+        sim_changes={"max_num_seqs": 16, "num_gpu_blocks": 2048},
+    )
+    result = run_virtual(config)
+    epp, round_robin = sorted(result.runs, key=lambda r: r.policy)
+    assert (epp.ok, round_robin.ok) == (epp.requests, round_robin.requests)
+    assert epp.throughput_rps != round_robin.throughput_rps
+    assert epp.goodput_rps == pytest.approx(round_robin.goodput_rps)
+    assert epp.goodput_rps == pytest.approx(0.3 * result.capacity_rps, rel=0.15)  # the offered rate

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from harness.cli.bench.runner import BenchConfig, BenchResult, Reporter
-from harness.cli.bench.stats import PERCENTILES, RunResult, Slo
+from harness.cli.bench.stats import PERCENTILES, RunResult, Slo, goodput
 from harness.cli.bench.virtual.cluster import ClusterConfig, Record, VirtualCluster
 from harness.cli.bench.virtual.routers import ALL, LEAST_OUTSTANDING, make_router
 from harness.cli.bench.workload import generate
@@ -174,7 +174,7 @@ def summarize(
         e2e=_percentiles(e2es),
         throughput_rps=len(ok) / span,
         output_tps=sum(r.request.max_tokens for r in ok) / span,
-        goodput_rps=good / span,
+        goodput_rps=goodput(good, [r.request.at for r in warm]),
         imbalance=(max(per_pod) / mean) if mean > 0 else math.nan,
         per_pod=per_pod,
         wall_s=wall_s,
