@@ -57,13 +57,15 @@ def test_virtual_ratios_compare_with_the_issues_peers() -> None:
         run("upstream-v1.5-default", 0.2),
         run("oracle", 0.1, goodput=31),
         run("random", 0.5),
+        run("epp[last-routed]", 0.05, goodput=40),  # the EPP's own opt-in: not a peer
     ]
+    result.policies.append("epp[last-routed]")
     by_name = {r.name: r for r in report.ratios(result)}
     assert by_name["EPP / round robin, TTFT p90"].holds is True  # 0.25 <= 0.5
     assert by_name["EPP / least outstanding, TTFT p90"].holds is False  # 1.0 > 0.8
     assert by_name["EPP / upstream v1.5 default profile, TTFT p90"].holds is True
     assert by_name["EPP / oracle, TTFT p90"].holds is True
-    goodput = by_name["EPP / best other policy, goodput"]  # the oracle's 31 is the best other
+    goodput = by_name["EPP / best peer, goodput"]  # the oracle's 31 is the best peer
     assert (goodput.against, goodput.holds) == ("oracle", False)
 
 
