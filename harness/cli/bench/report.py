@@ -115,9 +115,10 @@ class Ratio:
         if self.holds is None:
             return f"{self.name}{where}: n/a ({self.against} did not run)"
         verdict = "holds" if self.holds else "MISSED"
-        return (
-            f"{self.name}{where}: {self.value:.2f} against {self.against} (target {self.target}: {verdict})"
-        )
+        # Two decimals, or three where two would round onto the bound (0.997 is not "1.00 ... MISSED").
+        bound = float(self.target.split()[-1])
+        value = f"{self.value:.3f}" if abs(self.value - bound) < 0.005 else f"{self.value:.2f}"
+        return f"{self.name}{where}: {value} against {self.against} (target {self.target}: {verdict})"
 
 
 # Virtual-mode policy names (harness.cli.bench.virtual.routers), kept here as plain strings.

@@ -87,3 +87,15 @@ def test_a_mixed_priority_run_reports_each_priority_and_others_none() -> None:
     assert "By objective priority" in report.markdown(result)
     result.runs = [run("epp", 0.1)]  # one priority only: no table
     assert report.by_priority_table(result) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "holds", "shown"),
+    [(0.997, False, "0.997"), (1.003, True, "1.003"), (1.49, True, "1.49"), (0.2, True, "0.20")],
+)
+def test_a_ratio_next_to_its_bound_shows_the_digit_that_decides(
+    value: float, holds: bool, shown: str
+) -> None:
+    """A goodput 0.3% short of its target read "1.00 ... MISSED" in the committed prefix-heavy report."""
+    ratio = report.Ratio("EPP / best peer, goodput", value, "round-robin", ">= 1.0", holds, "prefix-heavy")
+    assert f": {shown} against round-robin" in ratio.line()
