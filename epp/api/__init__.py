@@ -7,8 +7,6 @@ else in `epp` touches raw dicts from the server.
 
 from epp.api.reader import ObjectReader, PodReader
 from epp.api.types import (
-    API_GROUP,
-    API_VERSION,
     DEFAULT_POOL_GROUP,
     V1_GROUP,
     V1ALPHA2_GROUP,
@@ -26,8 +24,6 @@ from epp.api.types import (
 )
 
 __all__ = [
-    "API_GROUP",
-    "API_VERSION",
     "DEFAULT_POOL_GROUP",
     "V1ALPHA2_GROUP",
     "V1_GROUP",

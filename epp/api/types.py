@@ -24,18 +24,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+# The two API generations' groups and versions, spelled here only (epp.api.v1, epp.api.v1alpha2 and
+# epp.api.generation take them from here).
 V1_GROUP = "inference.networking.k8s.io"
+V1_VERSION = "v1"
 V1ALPHA2_GROUP = "inference.networking.x-k8s.io"
+V1ALPHA2_VERSION = "v1alpha2"
 POOL_GROUPS = (V1_GROUP, V1ALPHA2_GROUP)
 POOL_KIND = "InferencePool"
 
 # The generation the EPP serves when nothing says otherwise: v1, as upstream v1.x (the harness and
 # the chart pass `--pool-group` for the generation they install).
 DEFAULT_POOL_GROUP = V1_GROUP
-
-# For code written against the single v1alpha2 generation.
-API_GROUP = V1ALPHA2_GROUP
-API_VERSION = "v1alpha2"
 
 # InferencePool v1 `spec.appProtocol`: how the gateway talks to the model servers.
 APP_PROTOCOL_HTTP = "http"

@@ -1,12 +1,13 @@
-"""`inference.networking.k8s.io/v1` InferencePool, with the optional `inference.networking.x-k8s.io/
-v1alpha2` InferenceObjective and InferenceModelRewrite, into the one shape of `epp.api.types`.
+"""InferencePool v1 (`V1_GROUP`/`V1_VERSION`), with the optional InferenceObjective and
+InferenceModelRewrite of the experimental group (`V1ALPHA2_GROUP`/`V1ALPHA2_VERSION`), into the one
+shape of `epp.api.types`.
 
 Facts: reference/upstream-v1.md §a. A pool has `spec.selector.matchLabels`, 1 to 8
 `spec.targetPorts[].number` (one endpoint per pod and port), `spec.appProtocol` (`http` by
 default, or `kubernetes.io/h2c`) and `spec.endpointPickerRef` (kept for information only). Any
 model may be requested: a model no rewrite matches passes unchanged.
 
-A `poolRef` names group (default `inference.networking.k8s.io`), kind (default `InferencePool`)
+A `poolRef` names group (default `V1_GROUP`), kind (default `InferencePool`)
 and name; all three must match the pool served (upstream #1275 bound by name alone). An
 InferenceModelRewrite rule matches the models of its `Exact` matches, or every model when
 `matches` is empty; a rule whose matches are all of a type this EPP does not know matches nothing
@@ -22,7 +23,9 @@ from epp.api.types import (
     APP_PROTOCOL_HTTP,
     POOL_KIND,
     V1_GROUP,
+    V1_VERSION,
     V1ALPHA2_GROUP,
+    V1ALPHA2_VERSION,
     EndpointPickerRef,
     InferencePool,
     ModelRewrite,
@@ -36,11 +39,11 @@ from epp.api.types import (
 )
 
 GROUP = V1_GROUP
-VERSION = "v1"
+VERSION = V1_VERSION
 POOLS = "inferencepools"
 # The optional kinds live in the experimental group.
 OPTIONAL_GROUP = V1ALPHA2_GROUP
-OPTIONAL_VERSION = "v1alpha2"
+OPTIONAL_VERSION = V1ALPHA2_VERSION
 OBJECTIVES = "inferenceobjectives"
 REWRITES = "inferencemodelrewrites"
 EXACT = "Exact"

@@ -1,4 +1,4 @@
-"""`inference.networking.x-k8s.io/v1alpha2` (v0.3.0) into the one shape of `epp.api.types`.
+"""The v0.3.0 generation (`V1ALPHA2_GROUP`/`V1ALPHA2_VERSION`) into the one shape of `epp.api.types`.
 
 InferencePool: `spec.selector` is a plain map, `spec.targetPortNumber` the one target port. Such a
 pool serves only the models its InferenceModels declare (`declared_models_only`: an unknown model
@@ -21,6 +21,7 @@ from typing import Any
 
 from epp.api.types import (
     V1ALPHA2_GROUP,
+    V1ALPHA2_VERSION,
     Criticality,
     InferencePool,
     ModelRewrite,
@@ -34,7 +35,7 @@ from epp.api.types import (
 )
 
 GROUP = V1ALPHA2_GROUP
-VERSION = "v1alpha2"
+VERSION = V1ALPHA2_VERSION
 POOLS = "inferencepools"
 MODELS = "inferencemodels"
 

@@ -3,7 +3,7 @@
 Asyncio on aiohttp, read-only (list + watch). The `kubernetes` package is for the harness only.
 """
 
-from epp.k8s.client import INFERENCE_MODELS, INFERENCE_POOLS, PODS, KubeClient, Resource, WatchEvent
+from epp.k8s.client import PODS, KubeClient, Resource, WatchEvent
 from epp.k8s.config import KubeConfig, load_config, load_incluster_config, load_kubeconfig
 from epp.k8s.controllers import Controllers
 from epp.k8s.errors import (
@@ -16,8 +16,6 @@ from epp.k8s.errors import (
 )
 
 __all__ = [
-    "INFERENCE_MODELS",
-    "INFERENCE_POOLS",
     "PODS",
     "ApiError",
     "Controllers",

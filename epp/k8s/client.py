@@ -27,7 +27,6 @@ from typing import Any
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-from epp.api.types import API_GROUP, API_VERSION
 from epp.k8s.config import KubeConfig
 from epp.k8s.errors import ApiError, GoneError, KubeConnectionError, WatchStalledError
 
@@ -60,8 +59,6 @@ class Resource:
 
 
 PODS = Resource("", "v1", "pods")
-INFERENCE_POOLS = Resource(API_GROUP, API_VERSION, "inferencepools")
-INFERENCE_MODELS = Resource(API_GROUP, API_VERSION, "inferencemodels")
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,8 +311,6 @@ def _status_error(status: Mapping[str, Any], code: int) -> ApiError:
 
 
 __all__ = [
-    "INFERENCE_MODELS",
-    "INFERENCE_POOLS",
     "PODS",
     "KubeClient",
     "Resource",

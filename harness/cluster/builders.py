@@ -22,12 +22,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Self
 
-from harness.cluster.releases import V1, V1ALPHA2, Generation
+from harness.cluster.releases import MODEL_KINDS_API_VERSION, V1, V1ALPHA2, Generation
 
 JsonObject = dict[str, Any]
 
-# InferenceModel's group/version (harness.cluster.releases is the one place that names them).
-CRD_API_VERSION: Final = V1ALPHA2.pool_api_version
 DEFAULT_EPP_GRPC_PORT: Final = 9002  # the EPP's ext_proc port, v0.3.0's extensionRef default
 OBJECTIVE_HEADER: Final = "x-gateway-inference-objective"  # names a v1 request's InferenceObjective
 DEFAULT_NAMESPACE: Final = "default"
@@ -383,7 +381,7 @@ class ModelBuilder(_ObjectBuilder):
     A v1 request names its objective in a header (``objective_headers``): the harness sends it.
     """
 
-    _api_version = CRD_API_VERSION
+    _api_version = MODEL_KINDS_API_VERSION  # InferenceModel; InferenceObjective and the rewrite too
     _kind = "InferenceModel"
 
     def __init__(self, name: str) -> None:

@@ -56,6 +56,7 @@ class Generation:
 # InferenceModel (v1alpha2 clusters), InferenceObjective and InferenceModelRewrite (v1 clusters).
 MODEL_KINDS_GROUP: Final = "inference.networking.x-k8s.io"
 MODEL_KINDS_VERSION: Final = "v1alpha2"
+MODEL_KINDS_API_VERSION: Final = f"{MODEL_KINDS_GROUP}/{MODEL_KINDS_VERSION}"
 
 V1ALPHA2: Final = Generation(
     "v1alpha2",

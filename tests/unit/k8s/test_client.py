@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from epp.api import v1alpha2
 from epp.k8s import client as client_module
-from epp.k8s.client import INFERENCE_POOLS, PODS, KubeClient, WatchEvent
+from epp.k8s.client import PODS, KubeClient, Resource, WatchEvent
 from epp.k8s.config import KubeConfig
 from epp.k8s.errors import ApiError, GoneError, KubeConnectionError, WatchStalledError
 from harness.cluster.builders import PodBuilder, PoolBuilder
@@ -20,6 +21,8 @@ from harness.cluster.certs import TinyCA
 
 from .fake_apiserver import POD_PATH, POOL_PATH, FakeApiServer
 from .support import drain, plain_config, run
+
+INFERENCE_POOLS = Resource(v1alpha2.GROUP, v1alpha2.VERSION, v1alpha2.POOLS)
 
 
 def test_resource_paths() -> None:
