@@ -10,7 +10,7 @@ together on one engine share its next step, so their prefills lengthen each othe
 round robin spaces them, a router that herds does not.
 
     .venv/bin/python benchmarks/bench_virtual_ablation.py                       # sharegpt, 16 pods x 4,000
-    .venv/bin/python benchmarks/bench_virtual_ablation.py --workload lora --profiles default,last-routed
+    .venv/bin/python benchmarks/bench_virtual_ablation.py --workload lora --profiles default,before
     .venv/bin/python benchmarks/bench_virtual_ablation.py --pods 16 --run-pods 160 --profiles round-robin
 
 ``--run-pods`` serves the trace (sized for ``--pods``) on more engines: with 10x the engines each one
@@ -32,8 +32,14 @@ from harness.cli.bench.workload import generate
 from harness.cli.bench.workloads import named_workload
 
 CLOSE_S = 0.010
-BEFORE = {"queue": 1.0, "kv_cache": 1.0, "in_flight": 2.0, "lora": 3.0, "prefix": 2.0}  # the default
+# The default before the predicted-TTFT scorer (6 Dec 2026), and the default now.
+BEFORE = {"queue": 1.0, "kv_cache": 1.0, "in_flight": 2.0, "lora": 3.0, "prefix": 2.0}
+DEFAULT = {s.kind: s.weight for s in SchedulerConfig().scoring_profile.scorers if s.weight > 0}
 PROFILES: dict[str, dict[str, float]] = {
+    "default": DEFAULT,
+    "default+last-routed": {**DEFAULT, "last_routed": 1.0},
+    "default-no-in-flight": {k: w for k, w in DEFAULT.items() if k != "in_flight"},
+    "predicted-ttft-only": {"predicted_ttft": 1.0},
     "before": BEFORE,
     "before-no-kv": {**BEFORE, "kv_cache": 0.0},
     "before-no-queue": {**BEFORE, "queue": 0.0},
@@ -76,8 +82,7 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.9)
     parser.add_argument(
         "--profiles",
-        default="round-robin,least-outstanding,before,in-flight-only,before-no-queue,last-routed,"
-        "last-routed-no-queue",
+        default="round-robin,least-outstanding,default,predicted-ttft-only,before,last-routed",
         help=f"comma list of EPP profiles ({', '.join(PROFILES)}) and peers ({', '.join(PEERS)})",
     )
     args = parser.parse_args()

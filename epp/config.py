@@ -149,9 +149,18 @@ LORA_SCORER = "lora"
 PREFIX_SCORER = "prefix"
 RUNNING_REQUESTS_SCORER = "running_requests"
 LAST_ROUTED_SCORER = "last_routed"
+PREDICTED_TTFT_SCORER = "predicted_ttft"
 # The measured opt-in weight of the last-routed scorer: 2 and more, with the in-flight count, outweigh
 # LoRA affinity (adapters sent where every slot is held: TTFT p99 of seconds on the lora workload).
 LAST_ROUTED_OPT_IN_WEIGHT = 1.0
+# Characters per token of English text with Llama-style tokenizers (upstream's estimate too): turns
+# body sizes and token block sizes into characters.
+CHARS_PER_TOKEN = 4
+# The predicted-TTFT scorer's default step model (StepModel): Llama-3.1-8B-Instruct on one H100.
+DEFAULT_STEP_BASE_S = 5.7527e-3
+DEFAULT_PREFILL_TOKEN_S = 17.25e-6
+DEFAULT_DECODE_SEQUENCE_S = 6.0e-6
+DEFAULT_CONTEXT_TOKEN_S = 3.9e-8
 SCORER_KINDS = (
     QUEUE_SCORER,
     KV_CACHE_SCORER,
@@ -160,6 +169,7 @@ SCORER_KINDS = (
     PREFIX_SCORER,
     RUNNING_REQUESTS_SCORER,
     LAST_ROUTED_SCORER,
+    PREDICTED_TTFT_SCORER,
 )
 # How the scorer scheduler picks from the totals: the highest (ties at random), uniformly at random
 # (scores ignored), or at random in proportion to the totals.
@@ -183,6 +193,33 @@ class ScorerWeights:
     # queue/KV differences of a few tenths, so at low load it rotates requests over pods the scraped
     # figures tell apart (the live routing tests pin those picks).
     last_routed: float = 0.0
+    predicted_ttft: float = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepModel:
+    """The cost of one engine step, which the predicted-TTFT scorer predicts with: a fixed part, each
+    prompt token prefilled, each sequence decoding one token, each token of context read.
+
+    The defaults are Llama-3.1-8B-Instruct on one H100 with vLLM (the BLIS coefficients; the README's
+    "calibrated engine" names the sources). Only ratios between pods matter to the scorer, so a model
+    of the right shape ranks pods well on other hardware too; the parameters of the
+    `predicted-ttft-scorer` plugin set them for another engine.
+    """
+
+    base_s: float = DEFAULT_STEP_BASE_S
+    prefill_token_s: float = DEFAULT_PREFILL_TOKEN_S
+    decode_sequence_s: float = DEFAULT_DECODE_SEQUENCE_S
+    context_token_s: float = DEFAULT_CONTEXT_TOKEN_S
+
+    def __post_init__(self) -> None:
+        _positive("base_s", self.base_s)
+        for name in ("prefill_token_s", "decode_sequence_s", "context_token_s"):
+            _non_negative(name, getattr(self, name))
+
+    def decode_step_s(self, sequences: int, context_tokens: int) -> float:
+        """A step that only decodes: `sequences` tokens over `context_tokens` of context."""
+        return self.base_s + self.decode_sequence_s * sequences + self.context_token_s * context_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +246,8 @@ class ScoringProfile:
 
     @classmethod
     def from_weights(cls, weights: ScorerWeights) -> ScoringProfile:
-        """Our measured default: the six scorers with `ScorerWeights`, the highest total wins (prefix
-        last: the compiled profile adds a trailing prefix scorer sparsely)."""
+        """Our measured default: each of our scorers at its `ScorerWeights` weight, the highest total
+        wins (prefix last: the compiled profile adds a trailing prefix scorer sparsely)."""
         return cls(
             tuple(
                 WeightedScorer(kind, weight)
@@ -220,6 +257,7 @@ class ScoringProfile:
                     (IN_FLIGHT_SCORER, weights.in_flight),
                     (LORA_SCORER, weights.lora),
                     (LAST_ROUTED_SCORER, weights.last_routed),
+                    (PREDICTED_TTFT_SCORER, weights.predicted_ttft),
                     (PREFIX_SCORER, weights.prefix),
                 )
             )
@@ -246,6 +284,7 @@ class SchedulerConfig:
     prefix_block_chars: int = DEFAULT_PREFIX_BLOCK_CHARS
     prefix_max_blocks: int = DEFAULT_PREFIX_MAX_BLOCKS
     prefix_capacity_per_pod: int = DEFAULT_PREFIX_CAPACITY_PER_POD
+    step_model: StepModel = field(default_factory=StepModel)
 
     @property
     def scoring_profile(self) -> ScoringProfile:

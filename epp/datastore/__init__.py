@@ -128,12 +128,21 @@ class Datastore(Protocol):
         ...
 
     # --- routing memory: the handlers' only writes ------------------------------------------
-    def pod_dispatch_started(self, key: EndpointKey, target_model: str) -> bool:
-        """A request for ``target_model`` was routed to the endpoint (False: it is gone)."""
+    def pod_dispatch_started(self, key: EndpointKey, target_model: str, prompt_tokens: int = 0) -> bool:
+        """A request for ``target_model`` with about ``prompt_tokens`` to prefill was routed to the
+        endpoint (False: it is gone)."""
         ...
 
-    def pod_dispatch_finished(self, key: EndpointKey, target_model: str) -> None:
-        """Its response ended (or the stream died); a no-op for an endpoint removed since."""
+    def pod_prefill_done(self, key: EndpointKey, prompt_tokens: int, at: float) -> None:
+        """The first response byte of a request routed there came back at ``at`` (monotonic
+        seconds): its prompt is prefilled."""
+        ...
+
+    def pod_dispatch_finished(
+        self, key: EndpointKey, target_model: str, prompt_tokens: int = 0, prefilled: bool = True
+    ) -> None:
+        """Its response ended (or the stream died), after its first byte (``prefilled``) or before;
+        a no-op for an endpoint removed since."""
         ...
 
     def prefix_matches(self, hashes: Sequence[int]) -> Mapping[EndpointKey, int]:

@@ -69,7 +69,7 @@ class _Store:
         self._pods: dict[EndpointKey, PodMetrics] = {}
         # The handlers' routing memory: requests in flight per endpoint and target model (mirrored
         # into each PodMetrics.dispatched snapshot), and the prompt prefixes routed to each endpoint.
-        self._in_flight: dict[EndpointKey, collections.Counter[str]] = {}
+        self._in_flight: dict[EndpointKey, _Flight] = {}
         self._dispatches = 0  # every dispatch so far, over all pods (Dispatched.last)
         self._prefixes = PrefixIndex(prefix_capacity_per_pod)
         self._listener = listener
@@ -214,29 +214,52 @@ class _Store:
             return True
 
     # --- routing memory (written by the handlers) ----------------------------------------------
-    def pod_dispatch_started(self, key: EndpointKey, target_model: str) -> bool:
+    def pod_dispatch_started(self, key: EndpointKey, target_model: str, prompt_tokens: int = 0) -> bool:
         with self._lock:
             current = self._pods.get(key)
             if current is None:
                 return False
-            counts = self._in_flight.setdefault(key, collections.Counter())
-            counts[target_model] += 1
+            flight = self._in_flight.setdefault(key, _Flight())
+            flight.counts[target_model] += 1
+            tokens = max(prompt_tokens, 0)
+            flight.prompt_tokens += tokens
+            flight.prefill_tokens += tokens
             self._dispatches += 1
-            self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts, self._dispatches))
+            self._pods[key] = dataclasses.replace(current, dispatched=flight.snapshot(self._dispatches))
             return True
 
-    def pod_dispatch_finished(self, key: EndpointKey, target_model: str) -> None:
+    def pod_prefill_done(self, key: EndpointKey, prompt_tokens: int, at: float) -> None:
         with self._lock:
-            counts = self._in_flight.get(key)
-            if counts is None or counts[target_model] <= 0:
+            flight = self._in_flight.get(key)
+            current = self._pods.get(key)
+            if flight is None or current is None or not flight.counts:
                 return  # the pod left (and came back) meanwhile: its old requests no longer count
+            flight.prefill_tokens = max(flight.prefill_tokens - max(prompt_tokens, 0), 0)
+            flight.prefilled_at = at
+            self._pods[key] = dataclasses.replace(
+                current, dispatched=flight.snapshot(current.dispatched.last)
+            )
+
+    def pod_dispatch_finished(
+        self, key: EndpointKey, target_model: str, prompt_tokens: int = 0, prefilled: bool = True
+    ) -> None:
+        with self._lock:
+            flight = self._in_flight.get(key)
+            if flight is None or flight.counts[target_model] <= 0:
+                return  # the pod left (and came back) meanwhile: its old requests no longer count
+            counts = flight.counts
             counts[target_model] -= 1
             if counts[target_model] == 0:
                 del counts[target_model]
+            tokens = max(prompt_tokens, 0)
+            flight.prompt_tokens = max(flight.prompt_tokens - tokens, 0)
+            if not prefilled:
+                flight.prefill_tokens = max(flight.prefill_tokens - tokens, 0)
             current = self._pods.get(key)
             if current is not None:
-                last = current.dispatched.last
-                self._pods[key] = dataclasses.replace(current, dispatched=_dispatched(counts, last))
+                self._pods[key] = dataclasses.replace(
+                    current, dispatched=flight.snapshot(current.dispatched.last)
+                )
 
     def prefix_matches(self, hashes: Sequence[int]) -> Mapping[EndpointKey, int]:
         if not hashes:
@@ -321,8 +344,24 @@ class _Store:
             log.exception("pod lifecycle listener failed for %s", key)
 
 
-def _dispatched(counts: collections.Counter[str], last: int) -> Dispatched:
-    return Dispatched(sum(counts.values()), frozenset(counts), last)
+@dataclasses.dataclass(slots=True)
+class _Flight:
+    """One endpoint's requests in flight (the lock's to guard), of which ``Dispatched`` is a snapshot."""
+
+    counts: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    prefilled_at: float | None = None
+
+    def snapshot(self, last: int) -> Dispatched:
+        return Dispatched(
+            sum(self.counts.values()),
+            frozenset(self.counts),
+            last,
+            self.prompt_tokens,
+            self.prefill_tokens,
+            self.prefilled_at,
+        )
 
 
 def new_datastore(

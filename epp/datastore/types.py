@@ -64,11 +64,20 @@ class Dispatched:
     or adapter) of those requests. ``last`` is the store's dispatch sequence number (1, 2, ... over
     every pod) of the latest request routed to this pod, 0 if none yet: how many dispatches ago a
     pod was last chosen is ``max(last over the pods) - last``, with no clock involved.
+    ``prompt_tokens`` are those requests' prompt tokens (estimated from their bodies): context the
+    engine reads at every step while they decode. ``prefill_tokens`` are the prompt tokens of those
+    that no response byte has come back for yet (when the EPP is not sent response bodies: until
+    they end): work the engine still has to prefill, which the next request sent there waits behind.
+    ``prefilled_at`` is when the latest first response byte came back from the pod (the EPP's
+    monotonic clock, None before any): the engine began a step then.
     """
 
     count: int = 0
     models: frozenset[str] = frozenset()
     last: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    prefilled_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """What the EPP remembers about the requests it routes: in flight per pod, and prefixes per pod.
 
-Kept apart from the stream state machine on purpose: a stream calls three methods and knows nothing
+Kept apart from the stream state machine on purpose: a stream calls four methods and knows nothing
 else. The memory itself lives in the datastore (the only mutable shared state, STYLE habit 2).
 
 When a request ends. Envoy keeps a request's ext_proc stream open until the HTTP stream is over
@@ -9,16 +9,22 @@ to the client, whatever the response processing mode, and also on a client reset
 stream — ``ExtProcStream.close`` — is when a routed request stops counting as in flight. No response
 phase has to be sent to the EPP for it: the default processing mode (response headers SKIP, body
 NONE) costs nothing extra per request.
+
+When a prompt is prefilled. A model server sends the first byte of a response once the engine step
+that prefilled the prompt ends (streamed: the first token; not streamed: the whole answer). Where the
+EPP is sent response bodies (v1's FULL_DUPLEX_STREAMED), the first chunk — ``first_byte`` — ends the
+request's prefill on its pod; elsewhere its prompt counts as prefilling until the stream ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from epp.api.types import EndpointKey
-from epp.config import DEFAULT_PREFIX_BLOCK_CHARS, DEFAULT_PREFIX_MAX_BLOCKS
+from epp.config import CHARS_PER_TOKEN, DEFAULT_PREFIX_BLOCK_CHARS, DEFAULT_PREFIX_MAX_BLOCKS
 from epp.datastore.types import PodMetrics
 from epp.scheduling.filters import NO_MATCHES
 from epp.scheduling.prefix import block_hashes
@@ -27,9 +33,13 @@ from epp.scheduling.prefix import block_hashes
 class RoutingMemory(Protocol):
     """The datastore's routing-memory methods (the Datastore Protocol satisfies it)."""
 
-    def pod_dispatch_started(self, key: EndpointKey, target_model: str) -> bool: ...
+    def pod_dispatch_started(self, key: EndpointKey, target_model: str, prompt_tokens: int = 0) -> bool: ...
 
-    def pod_dispatch_finished(self, key: EndpointKey, target_model: str) -> None: ...
+    def pod_prefill_done(self, key: EndpointKey, prompt_tokens: int, at: float) -> None: ...
+
+    def pod_dispatch_finished(
+        self, key: EndpointKey, target_model: str, prompt_tokens: int = 0, prefilled: bool = True
+    ) -> None: ...
 
     def prefix_matches(self, hashes: Sequence[int]) -> Mapping[EndpointKey, int]: ...
 
@@ -44,20 +54,32 @@ class PrefixQuery:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """One routed request still counted in flight; handed back to `finished` exactly once."""
+    """One routed request still counted in flight; handed back to `finished` exactly once.
+
+    ``prompt_tokens`` is its prompt's estimated size; ``prefilled`` is set at the first response byte
+    (`first_byte`): until then the pod counts the prompt as still to prefill."""
 
     pod: EndpointKey
     target_model: str
+    prompt_tokens: int = 0
+    prefilled: bool = False
 
 
 NO_PREFIX = PrefixQuery()
+
+
+def prompt_token_estimate(body_bytes: int) -> int:
+    """A request's prompt tokens, estimated from its body's size: the prompt is nearly all of an
+    OpenAI request's bytes, and tokenizing it here would cost more than routing it."""
+    return body_bytes // CHARS_PER_TOKEN
 
 
 class Accounting:
     """``prefix_query`` before scheduling, ``routed`` after, ``finished`` when the stream ends.
 
     ``memory=None`` keeps nothing (tests of the protocol alone); ``prefix_aware`` turns prompt
-    hashing on (only worth its CPU when a scheduler scores prefixes).
+    hashing on (only worth its CPU when a scheduler scores prefixes). ``clock`` stamps first bytes
+    and requests (`LLMRequest.received_at`): the scheduler's clock, monotonic seconds.
     """
 
     def __init__(
@@ -67,7 +89,9 @@ class Accounting:
         prefix_aware: bool,
         block_chars: int = DEFAULT_PREFIX_BLOCK_CHARS,
         max_blocks: int = DEFAULT_PREFIX_MAX_BLOCKS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
         self._memory = memory
         self._prefix_aware = prefix_aware and memory is not None
         self._block_chars = block_chars
@@ -84,33 +108,52 @@ class Accounting:
             return NO_PREFIX
         return PrefixQuery(hashes, self._memory.prefix_matches(hashes))
 
-    def routed(self, pod: PodMetrics, target_model: str, query: PrefixQuery) -> Dispatch | None:
+    def routed(
+        self, pod: PodMetrics, target_model: str, query: PrefixQuery, prompt_tokens: int = 0
+    ) -> Dispatch | None:
+        """`prompt_tokens`: the prompt's size (`prompt_token_estimate`), prefilling until `first_byte`."""
         memory = self._memory
         if memory is None:
             return None
         key = pod.pod.key
         memory.prefix_record(key, query.hashes)
-        if not memory.pod_dispatch_started(key, target_model):
+        if not memory.pod_dispatch_started(key, target_model, prompt_tokens):
             return None  # the pod left between the snapshot and now: nothing to count down later
-        return Dispatch(key, target_model)
+        return Dispatch(key, target_model, prompt_tokens)
+
+    def first_byte(self, dispatch: Dispatch) -> Dispatch:
+        """The first response byte came back: the engine has prefilled the prompt. The dispatch to
+        hand to `finished` from now on."""
+        if dispatch.prefilled or self._memory is None:
+            return dispatch
+        self._memory.pod_prefill_done(dispatch.pod, dispatch.prompt_tokens, self.clock())
+        return Dispatch(dispatch.pod, dispatch.target_model, dispatch.prompt_tokens, prefilled=True)
 
     def finished(self, dispatch: Dispatch) -> None:
         if self._memory is not None:
-            self._memory.pod_dispatch_finished(dispatch.pod, dispatch.target_model)
+            self._memory.pod_dispatch_finished(
+                dispatch.pod, dispatch.target_model, dispatch.prompt_tokens, dispatch.prefilled
+            )
 
     def served_by(
-        self, dispatch: Dispatch | None, pod: PodMetrics, target_model: str, query: PrefixQuery
+        self,
+        dispatch: Dispatch | None,
+        pod: PodMetrics,
+        target_model: str,
+        query: PrefixQuery,
+        prompt_tokens: int = 0,
     ) -> Dispatch | None:
         """A fallback served the request ``dispatch`` counted on its pick: move it to ``pod``.
 
         The in-flight count goes with the request, and the prompt's prefix is remembered on the pod
         that really holds it now (the pick's entry stays: the index forgets by age, not by request).
         """
-        if dispatch is not None:
-            if dispatch.pod == pod.pod.key:
-                return dispatch
-            self.finished(dispatch)
-        return self.routed(pod, target_model, query)
+        if dispatch is None:
+            return self.routed(pod, target_model, query, prompt_tokens)
+        if dispatch.pod == pod.pod.key:
+            return dispatch
+        self.finished(dispatch)
+        return self.routed(pod, target_model, query, dispatch.prompt_tokens)
 
 
 NO_ACCOUNTING = Accounting(None, prefix_aware=False)

@@ -60,7 +60,13 @@ from epp.config import NO_CONFORMANCE_HOOKS, ConformanceHooks
 from epp.datastore.types import PodMetrics
 from epp.errors import BadRequest, EppError, Internal, NoEndpoints, PayloadTooLarge
 from epp.handlers import responses
-from epp.handlers.accounting import NO_ACCOUNTING, Accounting, Dispatch, PrefixQuery
+from epp.handlers.accounting import (
+    NO_ACCOUNTING,
+    Accounting,
+    Dispatch,
+    PrefixQuery,
+    prompt_token_estimate,
+)
 from epp.handlers.conformance import ENDPOINT_SELECTION_HEADER, selected_endpoints, served_result_reply
 from epp.handlers.request import resolve
 from epp.handlers.served import served_endpoint
@@ -285,6 +291,7 @@ class ExtProcStream:
         "_error_counted",
         "_in_flight",
         "_json_body",
+        "_prompt_tokens",
         "_received_at",
         "_response_done",
         "_response_duplex",
@@ -326,6 +333,7 @@ class ExtProcStream:
         self._response_size = 0
         self._response_done = False
         self._in_flight: Dispatch | None = None
+        self._prompt_tokens = 0  # the routed prompt's estimated size
         # What the pick was made from (ranked pods, target model, prefix query): a fallback that
         # serves takes the in-flight count over (`epp.handlers.served`).
         self._routing: tuple[Sequence[PodMetrics], str, PrefixQuery] | None = None
@@ -514,13 +522,21 @@ class ExtProcStream:
         target = resolved.target
         self.target = target if resolved.target_declared else UNKNOWN_MODEL
         pods = self._candidates(pool)
-        prefix = deps.accounting.prefix_query(scanned.prompt_head, target)
+        accounting = deps.accounting
+        prefix = accounting.prefix_query(scanned.prompt_head, target)
+        self._prompt_tokens = prompt_token_estimate(len(raw))
         request = LLMRequest(
-            scanned.model, target, not resolved.sheddable, len(prefix.hashes), prefix.matches
+            scanned.model,
+            target,
+            not resolved.sheddable,
+            len(prefix.hashes),
+            prefix.matches,
+            self._prompt_tokens,
+            accounting.clock(),
         )
         ranked = deps.scheduler.rank(request, pods, 1 + deps.fallbacks)
         # Only the pick counts as in flight: a fallback serves the request only if the pick cannot.
-        self._in_flight = deps.accounting.routed(ranked[0], target, prefix)
+        self._in_flight = accounting.routed(ranked[0], target, prefix, self._prompt_tokens)
         if len(ranked) > 1:
             self._routing = (ranked, target, prefix)
         endpoint = destination_list(ranked)
@@ -603,7 +619,9 @@ class ExtProcStream:
         if served is None:
             log.debug("served by %s, which is not among the endpoints sent: ignored", endpoint)
             return
-        self._in_flight = self._deps.accounting.served_by(self._in_flight, served, target, prefix)
+        self._in_flight = self._deps.accounting.served_by(
+            self._in_flight, served, target, prefix, self._prompt_tokens
+        )
 
     def _response_headers(self, msg: pb.HttpHeaders) -> None:
         for header in msg.headers.headers:
@@ -620,6 +638,9 @@ class ExtProcStream:
             self._response_complete()
 
     def _response_chunk(self, chunk: bytes, end_of_stream: bool) -> None:
+        dispatch = self._in_flight
+        if chunk and dispatch is not None and not dispatch.prefilled:
+            self._in_flight = self._deps.accounting.first_byte(dispatch)  # the prompt is prefilled
         self._response_size += len(chunk)
         kind = self._response_kind
         if kind == _UNKNOWN:

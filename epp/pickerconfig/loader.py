@@ -30,11 +30,10 @@ import yaml
 
 from epp.backend.metrics.spec import parse_metric_spec
 from epp.config import (
-    FILTER_TREE as FILTER_TREE_SCHEDULER,
-)
-from epp.config import (
+    CHARS_PER_TOKEN,
     MAX_SCORE_PICKER,
     METRICS_SCHEMES,
+    PREDICTED_TTFT_SCORER,
     ConfigError,
     ConformanceHooks,
     MetricNames,
@@ -44,10 +43,12 @@ from epp.config import (
     WeightedScorer,
 )
 from epp.config import (
+    FILTER_TREE as FILTER_TREE_SCHEDULER,
+)
+from epp.config import (
     SCORER as SCORER_SCHEDULER,
 )
 from epp.pickerconfig.plugins import (
-    CHARS_PER_TOKEN,
     DATA_SOURCE,
     ENGINE_CONFIG_FIELDS,
     EXTRACTOR,
@@ -61,6 +62,7 @@ from epp.pickerconfig.plugins import (
     PROFILE_ROLES,
     SATURATION_DETECTOR,
     SCORER,
+    STEP_MODEL_PARAMETERS,
     TEST_FILTER,
     TEST_RESPONSE_HOOK,
     PluginType,
@@ -433,6 +435,8 @@ class _Loader:
         params, at = plugin.parameters, f"{plugin.where}.parameters"
         if plugin.kind.parameters == PREFIX_PARAMETERS:
             self._prefix_parameters(params, at)
+        elif plugin.kind.ours == PREDICTED_TTFT_SCORER:
+            self._step_model_parameters(params, at)
         elif plugin.kind.role == PICKER and "maxNumOfEndpoints" in params:
             if _positive_int(params["maxNumOfEndpoints"], f"{at}.maxNumOfEndpoints") > 1:
                 self._notes.append(
@@ -479,6 +483,17 @@ class _Loader:
             self._set_prefix("prefix_capacity_per_pod", capacity, at)
         if "autoTune" in params and _bool(params["autoTune"], f"{at}.autoTune"):
             self._notes.append(f"{at}.autoTune: not implemented; the block size stays as configured")
+
+    def _step_model_parameters(self, params: Mapping[str, Any], at: str) -> None:
+        given = {
+            field: _duration(params[name], f"{at}.{name}")
+            for name, field in STEP_MODEL_PARAMETERS.items()
+            if name in params
+        }
+        step = dataclasses.replace(self._scheduler.step_model, **given)
+        earlier = self._sched.setdefault("step_model", step)
+        if earlier != step:
+            raise PickerConfigError(f"{at}: the step model differs from another predicted-ttft-scorer's")
 
     def _set_prefix(self, setting: str, value: int, at: str) -> None:
         earlier = self._prefix.get(setting)

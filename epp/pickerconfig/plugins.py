@@ -18,6 +18,7 @@ from epp.config import (
     LAST_ROUTED_SCORER,
     LORA_SCORER,
     MAX_SCORE_PICKER,
+    PREDICTED_TTFT_SCORER,
     PREFIX_SCORER,
     QUEUE_SCORER,
     RANDOM_PICKER,
@@ -53,6 +54,14 @@ PREFIX_PARAMETERS = frozenset(
     }
 )
 
+# The predicted-TTFT scorer's step model (epp.config.StepModel), each a duration: parameter -> field.
+STEP_MODEL_PARAMETERS = {
+    "stepBase": "base_s",
+    "prefillPerToken": "prefill_token_s",
+    "decodePerSequence": "decode_sequence_s",
+    "contextPerToken": "context_token_s",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class PluginType:
@@ -73,6 +82,8 @@ PLUGIN_TYPES: dict[str, PluginType] = {
     "in-flight-scorer": PluginType(SCORER, ours=IN_FLIGHT_SCORER),
     # ours: how many dispatches ago the EPP last routed to the pod (spaces each pod's arrivals)
     "last-routed-scorer": PluginType(SCORER, ours=LAST_ROUTED_SCORER),
+    # ours: the first-token time an engine step model predicts from the EPP's own accounting
+    "predicted-ttft-scorer": PluginType(SCORER, frozenset(STEP_MODEL_PARAMETERS), ours=PREDICTED_TTFT_SCORER),
     # upstream's pickers
     "max-score-picker": PluginType(PICKER, frozenset({"maxNumOfEndpoints"}), ours=MAX_SCORE_PICKER),
     "random-picker": PluginType(PICKER, frozenset({"maxNumOfEndpoints"}), ours=RANDOM_PICKER),
@@ -151,6 +162,3 @@ ENGINE_CONFIG_FIELDS: dict[str, str | None] = {
     "cacheBlockSizeSpec": None,
     "cacheNumBlocksSpec": None,
 }
-
-# Upstream's characters-per-token estimate, to turn token block sizes into our character blocks.
-CHARS_PER_TOKEN = 4

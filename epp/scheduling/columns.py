@@ -33,14 +33,23 @@ from epp.config import (
     KV_CACHE_SCORER,
     LAST_ROUTED_SCORER,
     LORA_SCORER,
+    PREDICTED_TTFT_SCORER,
     PREFIX_SCORER,
     QUEUE_SCORER,
     RUNNING_REQUESTS_SCORER,
     SchedulerConfig,
+    StepModel,
 )
 from epp.datastore.types import Metrics, PodMetrics
 from epp.scheduling.filters import LLMRequest
-from epp.scheduling.scorers import LORA_BLOCKED, LORA_ROOM, LORA_RUNNING, LORA_WAITING, Scores
+from epp.scheduling.scorers import (
+    LORA_BLOCKED,
+    LORA_ROOM,
+    LORA_RUNNING,
+    LORA_WAITING,
+    Scores,
+    predicted_ttft_scores,
+)
 
 # A dense column: every pod's weighted score, in pod order.
 Column = Callable[[LLMRequest, Sequence[PodMetrics], list[Metrics], float], Scores]
@@ -102,6 +111,13 @@ def _last_routed(request: LLMRequest, pods: Sequence[PodMetrics], ms: list[Metri
     return [w * ((newest - last if newest - last < n else n) / n) for last in lasts]
 
 
+def _predicted_ttft(block_chars: int, step: StepModel) -> Column:
+    def column(request: LLMRequest, pods: Sequence[PodMetrics], ms: list[Metrics], w: float) -> Scores:
+        return [w * score for score in predicted_ttft_scores(request, pods, block_chars, step)]
+
+    return column
+
+
 def _lora(queue_limit: int) -> Column:
     """`scorers.lora_scores`, weighted. `running` there is ``(active | in flight) & adapters``; the
     target is an adapter (else every pod scores 1), so "target in running" is "target in active or in
@@ -160,6 +176,7 @@ def _columns(config: SchedulerConfig) -> dict[str, Column]:
         PREFIX_SCORER: _prefix,
         RUNNING_REQUESTS_SCORER: _running,
         LAST_ROUTED_SCORER: _last_routed,
+        PREDICTED_TTFT_SCORER: _predicted_ttft(config.prefix_block_chars, config.step_model),
     }
 
 

@@ -26,6 +26,8 @@ class LLMRequest:
 
     `prefix_blocks` is how many prompt blocks the request has, `prefix_matches` how many leading ones
     each pod was already sent (the datastore's prefix memory); only the scorer scheduler reads them.
+    `prompt_tokens` is the prompt's size in tokens as estimated from the body (0: unknown), and
+    `received_at` when the EPP routes it (the accounting's monotonic clock).
     """
 
     model: str
@@ -33,6 +35,8 @@ class LLMRequest:
     critical: bool
     prefix_blocks: int = 0
     prefix_matches: Mapping[EndpointKey, int] = field(default_factory=lambda: NO_MATCHES)
+    prompt_tokens: int = 0
+    received_at: float = 0.0
 
 
 Pods = list[PodMetrics]

@@ -26,6 +26,12 @@ ties broken at random. All pure functions of the request and the pods' snapshots
   like the in-flight count; it spaces each pod's arrivals out, so requests arriving close together
   do not share one engine's next step (their prefills would, and TTFT grows with the prefill tokens
   of a step) while other pods' steps carry none.
+* predicted TTFT: the time to the request's first token the engine's step model
+  (`SchedulerConfig.step_model`) predicts on each pod from the EPP's own accounting (prompts still
+  prefilling there, requests and context in flight, the step the engine is in, the prompt's cached
+  prefix; `predicted_ttft_scores`), as best / predicted. It keeps a request off a pod whose engine
+  is still prefilling a prompt sent a moment ago, or has just begun a step, without rotating
+  requests over idle pods: an idle pod's prediction depends only on the prompt.
 
 Which scorers, their weights and the picker come from `SchedulerConfig.scoring_profile`: our
 measured default (`ScorerWeights`), or a profile from an EndpointPickerConfig file (epp.pickerconfig).
@@ -47,18 +53,21 @@ import time
 from collections.abc import Callable, Sequence
 
 from epp.config import (
+    CHARS_PER_TOKEN,
     DEFAULT_QUEUEING_THRESHOLD_LORA,
     IN_FLIGHT_SCORER,
     KV_CACHE_SCORER,
     LAST_ROUTED_SCORER,
     LORA_SCORER,
     MAX_SCORE_PICKER,
+    PREDICTED_TTFT_SCORER,
     PREFIX_SCORER,
     QUEUE_SCORER,
     RANDOM_PICKER,
     RUNNING_REQUESTS_SCORER,
     WEIGHTED_RANDOM_PICKER,
     SchedulerConfig,
+    StepModel,
 )
 from epp.datastore.types import PodMetrics
 from epp.errors import ResourceExhausted
@@ -147,6 +156,42 @@ def last_routed_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Score
     return [(newest - last if newest - last < n else n) / n for last in lasts]
 
 
+def predicted_ttft_scores(
+    request: LLMRequest, pods: Sequence[PodMetrics], block_chars: int, step: StepModel
+) -> Scores:
+    """best / predicted, the prediction (seconds until the request's first token on that pod, under
+    `step`'s cost model) from what the EPP itself knows now, never stale:
+
+    * the rest of the step the engine is in: none on an idle pod (nothing in flight, none running
+      at the last scrape); on a pod whose first byte of a response came back ``age`` ago, a decode
+      step began then, so ``step - age`` of it is left; elsewhere half a step, as likely as not;
+    * the step that prefills it: the prefills sent there ahead of it (``prefill_tokens``), its own
+      prompt less the blocks the pod already holds (``prefix_matches``), one decode token for each
+      request in flight there and their context.
+    """
+    block_tokens = block_chars / CHARS_PER_TOKEN
+    own = request.prompt_tokens
+    now = request.received_at
+    get = request.prefix_matches.get
+    base, per_prefill = step.base_s, step.prefill_token_s
+    per_sequence, per_context = step.decode_sequence_s, step.context_token_s
+    predicted: list[float] = []
+    for p in pods:
+        d = p.dispatched
+        decode = base + per_sequence * d.count + per_context * d.prompt_tokens
+        if d.count == 0 and p.metrics.running_queue_size == 0:
+            rest = 0.0
+        elif d.prefilled_at is not None and 0.0 <= (age := now - d.prefilled_at) < decode:
+            rest = decode - age
+        else:
+            rest = decode / 2
+        uncached = own - get(p.pod.key, 0) * block_tokens
+        prefill = per_prefill * (d.prefill_tokens + (uncached if uncached > 0.0 else 0.0))
+        predicted.append(rest + decode + per_sequence + per_context * own + prefill)
+    best = min(predicted)
+    return [best / t for t in predicted]
+
+
 Scorer = Callable[[LLMRequest, Sequence[PodMetrics], SchedulerConfig], Scores]
 
 # Our scorer names (epp.config.SCORER_KINDS) -> the scorer.
@@ -158,6 +203,7 @@ SCORERS: dict[str, Scorer] = {
     PREFIX_SCORER: lambda r, p, c: prefix_scores(r, p),
     RUNNING_REQUESTS_SCORER: lambda r, p, c: running_requests_scores(r, p),
     LAST_ROUTED_SCORER: lambda r, p, c: last_routed_scores(r, p),
+    PREDICTED_TTFT_SCORER: lambda r, p, c: predicted_ttft_scores(r, p, c.prefix_block_chars, c.step_model),
 }
 
 

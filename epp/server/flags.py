@@ -379,9 +379,9 @@ def _parser() -> _Parser:
         choices=defaults.SCHEDULERS,
         default=None,
         help="The v0.3.0 filter tree, or weighted scorers (queue, KV, LoRA affinity, prefix, the EPP's own "
-        "in-flight count; weights from QUEUE_SCORE_WEIGHT, KV_CACHE_SCORE_WEIGHT, "
-        "LORA_AFFINITY_SCORE_WEIGHT, "
-        "PREFIX_CACHE_SCORE_WEIGHT, IN_FLIGHT_SCORE_WEIGHT, LAST_ROUTED_SCORE_WEIGHT); default scorer. "
+        "in-flight count, predicted TTFT; weights from QUEUE_SCORE_WEIGHT, KV_CACHE_SCORE_WEIGHT, "
+        "LORA_AFFINITY_SCORE_WEIGHT, PREFIX_CACHE_SCORE_WEIGHT, IN_FLIGHT_SCORE_WEIGHT, "
+        "LAST_ROUTED_SCORE_WEIGHT, PREDICTED_TTFT_SCORE_WEIGHT); default scorer. "
         "A config file's profile replaces it.",
     )
     ours.add_argument(
@@ -493,6 +493,7 @@ def scorer_weights(environ: Mapping[str, str]) -> ScorerWeights:
         lora=weight("LORA_AFFINITY_SCORE_WEIGHT", base.lora),
         in_flight=weight("IN_FLIGHT_SCORE_WEIGHT", base.in_flight),
         last_routed=weight("LAST_ROUTED_SCORE_WEIGHT", base.last_routed),
+        predicted_ttft=weight("PREDICTED_TTFT_SCORE_WEIGHT", base.predicted_ttft),
     )
 
 

@@ -379,6 +379,7 @@ class Epp:
             prefix_aware=scheduling.prefix_aware,
             block_chars=scheduling.prefix_block_chars,
             max_blocks=scheduling.prefix_max_blocks,
+            clock=self._clock,
         )
 
         # Metric names follow the API generation: upstream v1.5's for v1, v0.3's for v1alpha2.

@@ -156,6 +156,12 @@ class TraceRequest:
     def prompt(self) -> str:
         return "".join(self.parts)
 
+    @property
+    def body_bytes(self) -> int:
+        """The size of the request's body as the EPP sees it, near enough: its prompt (ASCII), the
+        rest of an OpenAI body being a few dozen bytes."""
+        return sum(len(part) for part in self.parts)
+
     def prompt_head(self, chars: int) -> str:
         """The first ``chars`` characters of the prompt, without joining all of it."""
         out: list[str] = []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from epp.api.types import EndpointKey
 from epp.config import LAST_ROUTED_OPT_IN_WEIGHT
 from harness.cli.bench import cli, report
 from harness.cli.bench.virtual.cluster import ClusterConfig, Record, VirtualCluster
@@ -42,6 +43,16 @@ class Spy(EppRouter):
         self.scrapes: dict[int, float] = {}
         self.ages: list[float] = []
         self.in_flight: list[int] = []
+        self.prefilling: list[int] = []  # the pod's prompt tokens still prefilling, after a first token
+
+    def first_token(self, pod: int, handle: object, now: float) -> object:
+        handle = super().first_token(pod, handle, now)
+        assert self._host is not None
+        found = self._host._store.pod_get(EndpointKey("bench", f"pod-{pod}"))
+        assert found is not None
+        assert found.dispatched.prefilled_at == now
+        self.prefilling.append(found.dispatched.prefill_tokens)
+        return handle
 
     def scraped(self, pod: int, state: EngineState, now: float) -> None:
         self.scrapes[pod] = now
@@ -82,6 +93,18 @@ def test_scrapes_are_at_most_one_interval_old_and_in_flight_counts_return_to_zer
     assert host is not None
     pods = host._store.pod_get_all()
     assert [p.dispatched.count for p in pods] == [0, 0, 0, 0]
+    assert [(p.dispatched.prompt_tokens, p.dispatched.prefill_tokens) for p in pods] == [(0, 0)] * 4
+
+
+def test_each_first_token_ends_its_prompts_prefill_in_the_epps_accounting() -> None:
+    """The loop tells the EPP of each first token, as the first response chunk does in v1's
+    FULL_DUPLEX_STREAMED mode: the pod is stamped, and what it still prefills is other prompts'."""
+    spy = Spy()
+    requests = trace()
+    VirtualCluster(ClusterConfig(4, SIM)).run(requests, spy)
+    assert len(spy.prefilling) == len(requests)
+    assert 0 in spy.prefilling
+    assert max(spy.prefilling) < sum(r.body_bytes for r in requests) // 4
 
 
 def test_the_epp_sheds_sheddable_requests_only_when_saturated() -> None:
@@ -105,6 +128,19 @@ def test_lora_and_prefix_heavy_workloads_run_on_their_engine_settings() -> None:
     cluster.run(requests, make_router("epp"))
     hits = sum(e.counters().prefix_hits for e in cluster.engines)
     assert hits > 0  # shared system prompts and histories are found in the engines' caches
+
+
+def test_the_no_predicted_ttft_variant_is_the_default_profile_without_that_scorer() -> None:
+    default = make_router("epp")
+    variant = make_router("epp[no-predicted-ttft]")
+    assert isinstance(default, EppRouter)
+    assert isinstance(variant, EppRouter)
+    weights = {s.kind: s.weight for s in default.config.scoring_profile.scorers}
+    assert weights["predicted_ttft"] > 0
+    assert {s.kind: s.weight for s in variant.config.scoring_profile.scorers} == {
+        **weights,
+        "predicted_ttft": 0.0,
+    }
 
 
 def test_the_last_routed_variant_is_the_default_profile_plus_the_opt_in_scorer() -> None:

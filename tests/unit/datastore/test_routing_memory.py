@@ -59,6 +59,40 @@ def test_dispatches_are_counted_per_pod_and_model_until_they_finish() -> None:
     assert dispatched(ds, "a") == Dispatched(last=3)
 
 
+def test_a_prompt_counts_as_prefilling_until_its_first_byte_and_as_context_until_it_ends() -> None:
+    ds = store("a", "b")
+    assert ds.pod_dispatch_started(key("a"), "m", prompt_tokens=300)
+    assert ds.pod_dispatch_started(key("a"), "m", prompt_tokens=100)
+    assert ds.pod_dispatch_started(key("b"), "m", prompt_tokens=50)
+    a = dispatched(ds, "a")
+    assert (a.prompt_tokens, a.prefill_tokens, a.prefilled_at) == (400, 400, None)
+    ds.pod_prefill_done(key("a"), 300, at=7.5)
+    a = dispatched(ds, "a")
+    assert (a.count, a.prompt_tokens, a.prefill_tokens, a.prefilled_at) == (2, 400, 100, 7.5)
+    ds.pod_dispatch_finished(key("a"), "m", 300, prefilled=True)
+    ds.pod_dispatch_finished(key("a"), "m", 100, prefilled=False)  # ended before its first byte
+    a = dispatched(ds, "a")
+    assert (a.count, a.prompt_tokens, a.prefill_tokens, a.prefilled_at) == (0, 0, 0, 7.5)
+    b = dispatched(ds, "b")
+    assert (b.prompt_tokens, b.prefill_tokens) == (50, 50)  # another pod's first byte is not b's
+
+
+def test_token_counts_never_go_below_zero_nor_survive_the_pod() -> None:
+    ds = store("a")
+    ds.pod_prefill_done(key("a"), 10, at=1.0)  # nothing in flight: nothing to take from
+    assert dispatched(ds, "a") == Dispatched()
+    ds.pod_dispatch_started(key("a"), "m", prompt_tokens=20)
+    ds.pod_prefill_done(key("a"), 50, at=2.0)
+    ds.pod_dispatch_finished(key("a"), "m", 50, prefilled=False)
+    a = dispatched(ds, "a")
+    assert (a.prompt_tokens, a.prefill_tokens) == (0, 0)
+    ds.pod_dispatch_started(key("a"), "m", prompt_tokens=20)
+    ds.pod_delete(pod_key("a"))
+    ds.pod_prefill_done(key("a"), 20, at=3.0)  # a late first byte from the old pod: harmless
+    ds.pod_update_or_add(pod("a"))
+    assert dispatched(ds, "a") == Dispatched()
+
+
 def test_each_dispatch_is_numbered_over_the_pool_and_the_pod_keeps_its_latest() -> None:
     ds = store("a", "b")
     assert ds.pod_dispatch_started(key("a"), "base")

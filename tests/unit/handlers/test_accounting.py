@@ -69,6 +69,42 @@ def test_a_routed_request_is_in_flight_until_its_stream_ends() -> None:
     asyncio.run(scenario())
 
 
+def test_a_routed_prompt_counts_as_prefilling_until_the_first_response_chunk() -> None:
+    """The EPP sees the response body (v1's FULL_DUPLEX_STREAMED): its first chunk means the engine
+    has prefilled the prompt; the prompt's tokens (estimated from the body's size) stay in flight
+    as context until the stream ends."""
+    e = env()
+    e.scheduler.pick = "pod-1"
+    estimate = len(body(COMPLETION).request_body.body) // 4
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            call = await routed(channel)
+            assert (e.scheduler.requests[0].prompt_tokens, estimate > 70) == (estimate, True)
+            flight = pod(e, "pod-1").dispatched
+            assert (flight.prompt_tokens, flight.prefill_tokens, flight.prefilled_at) == (
+                estimate,
+                estimate,
+                None,
+            )
+            await call.write(body(b'data: {"choices": []}\n\n', eos=False, response=True))
+            await call.read()
+            flight = pod(e, "pod-1").dispatched
+            assert (flight.prompt_tokens, flight.prefill_tokens) == (estimate, 0)
+            assert flight.prefilled_at is not None
+            await call.write(body(b"data: [DONE]\n\n", response=True))
+            await call.read()
+            await call.done_writing()
+
+            async def ended() -> None:
+                flight = pod(e, "pod-1").dispatched
+                assert (flight.count, flight.prompt_tokens, flight.prefill_tokens) == (0, 0, 0)
+
+            await eventually_async(ended)
+
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_stream_stops_counting_too() -> None:
     e = env()
 

@@ -18,6 +18,7 @@ from epp.config import (
     MetricNames,
     ProberConfig,
     SchedulerConfig,
+    StepModel,
     WeightedScorer,
 )
 from epp.pickerconfig import PickerConfig, PickerConfigError, load_picker_config
@@ -204,6 +205,27 @@ def test_prefix_parameters(params: dict[str, int], chars: int, blocks: int, capa
     s = load(doc).scheduler
     assert (s.prefix_block_chars, s.prefix_max_blocks, s.prefix_capacity_per_pod) == (chars, blocks, capacity)
     assert s.prefix_aware
+
+
+def test_predicted_ttft_step_model_parameters() -> None:
+    """Durations, each replacing one cost of the default step model (Llama-3.1-8B on one H100)."""
+    doc = {
+        "plugins": [
+            {
+                "type": "predicted-ttft-scorer",
+                "parameters": {"stepBase": "8ms", "prefillPerToken": "40us", "contextPerToken": "0.1us"},
+            }
+        ],
+        "schedulingProfiles": [
+            {"name": "default", "plugins": [{"pluginRef": "predicted-ttft-scorer", "weight": 5}]}
+        ],
+    }
+    s = load(doc).scheduler
+    step = s.step_model
+    assert (step.base_s, step.prefill_token_s, step.context_token_s) == pytest.approx((8e-3, 40e-6, 1e-7))
+    assert step.decode_sequence_s == StepModel().decode_sequence_s
+    assert s.scoring_profile.weight_of("predicted_ttft") == 5
+    assert load({"plugins": [{"type": "predicted-ttft-scorer"}]}).scheduler.step_model == StepModel()
 
 
 def test_engine_configs_and_data_source() -> None:
@@ -594,6 +616,21 @@ ERRORS = [
         {"plugins": [QS], "parser": {"pluginRef": "queue-scorer"}},
         "parser.pluginRef: 'queue-scorer' (queue-scorer) is not a parser",
         id="parser-type",
+    ),
+    pytest.param(
+        {"plugins": [{"type": "predicted-ttft-scorer", "parameters": {"prefillPerToken": 17}}]},
+        "plugins[0] ('predicted-ttft-scorer').parameters.prefillPerToken: must be a positive duration",
+        id="step-model-not-a-duration",
+    ),
+    pytest.param(
+        {
+            "plugins": [
+                {"name": "a", "type": "predicted-ttft-scorer", "parameters": {"stepBase": "5ms"}},
+                {"name": "b", "type": "predicted-ttft-scorer", "parameters": {"stepBase": "9ms"}},
+            ]
+        },
+        "plugins[1] ('b').parameters: the step model differs from another predicted-ttft-scorer's",
+        id="step-models-disagree",
     ),
 ]
 

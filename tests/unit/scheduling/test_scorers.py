@@ -59,7 +59,7 @@ def routed_at(pod: PodMetrics, last: int) -> PodMetrics:
 
 
 def only(**weights: float) -> SchedulerConfig:
-    base = {name: 0.0 for name in ("queue", "kv_cache", "prefix", "lora", "in_flight", "last_routed")}
+    base = {f.name: 0.0 for f in dataclasses.fields(ScorerWeights)}
     return SchedulerConfig(kind=SCORER, weights=ScorerWeights(**{**base, **weights}))
 
 

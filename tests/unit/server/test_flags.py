@@ -292,10 +292,14 @@ def test_scheduler_flag_and_scorer_weights_from_the_environment() -> None:
         "PREFIX_CACHE_SCORE_WEIGHT": "4",
         "LORA_AFFINITY_SCORE_WEIGHT": "2",
         "IN_FLIGHT_SCORE_WEIGHT": "1.5",
+        "LAST_ROUTED_SCORE_WEIGHT": "1",
+        "PREDICTED_TTFT_SCORE_WEIGHT": "0",
     }
     s = parse_flags(["-poolName", "p", "--scheduler=scorer"], env).config.scheduler
     assert s.kind == "scorer"
-    assert s.weights == defaults.ScorerWeights(queue=0, kv_cache=0.5, prefix=4, lora=2, in_flight=1.5)
+    assert s.weights == defaults.ScorerWeights(
+        queue=0, kv_cache=0.5, prefix=4, lora=2, in_flight=1.5, last_routed=1, predicted_ttft=0
+    )
     assert s.prefix_aware
     assert not parse_flags(
         ["-poolName", "p", "--scheduler=scorer"], {"PREFIX_CACHE_SCORE_WEIGHT": "0"}

@@ -57,6 +57,10 @@ class Router(Protocol):
         ``hashes`` are the prompt's KV-block hashes as the engines key them (for the oracle)."""
         ...
 
+    def first_token(self, pod: int, handle: object, now: float) -> object:
+        """The request's first token reached the client; the handle ``finished`` gets from now on."""
+        ...
+
     def finished(self, pod: int, handle: object, now: float) -> None: ...
 
     def scraped(self, pod: int, state: EngineState, now: float) -> None: ...
@@ -149,6 +153,7 @@ class VirtualCluster:
         for record in first:
             assert isinstance(record, Record)
             record.first_token = now
+            record.handle = self._router.first_token(pod, record.handle, now)
         for record in finished:
             assert isinstance(record, Record)
             record.finished = now

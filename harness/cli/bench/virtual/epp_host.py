@@ -7,8 +7,10 @@ What each event does, as in the running EPP:
   (``pod_update_metrics_if_exist``, the prober's only write), so staleness is judged on real ages;
 * a request hashes its prompt head into blocks, asks the prefix index which pods hold them, and the
   scheduler ranks the datastore's pods (a non-critical request may be shed: ``ResourceExhausted``);
-* routing records the prefix and counts the request in flight (``Accounting.routed``); the end of
-  the response counts it down (``Accounting.finished``).
+* routing records the prefix and counts the request in flight with its prompt's estimated size
+  (``Accounting.routed``); the first token ends its prefill (``Accounting.first_byte``, as the first
+  response chunk does in v1's FULL_DUPLEX_STREAMED mode); the end of the response counts it down
+  (``Accounting.finished``).
 
 The pool and its pods are written once at the start, as the reconcilers would after a list. This is
 the one harness module that writes the datastore directly (tests/unit/layering allows it by name):
@@ -24,7 +26,7 @@ from epp.api.types import InferencePool, NamespacedName, PodObject
 from epp.config import SchedulerConfig
 from epp.datastore import Metrics, new_datastore
 from epp.datastore.types import PodMetrics
-from epp.handlers.accounting import Accounting, Dispatch
+from epp.handlers.accounting import Accounting, Dispatch, prompt_token_estimate
 from epp.scheduling import LLMRequest, new_scheduler
 from harness.sim import EngineState
 
@@ -53,6 +55,7 @@ class EppHost:
             prefix_aware=config.prefix_aware,
             block_chars=config.prefix_block_chars,
             max_blocks=config.prefix_max_blocks,
+            clock=clock,
         )
         self._scheduler = new_scheduler(config, rng, clock, pool_name=POOL)
         self.head_chars = config.prefix_block_chars * config.prefix_max_blocks
@@ -70,14 +73,32 @@ class EppHost:
         )
         self._store.pod_update_metrics_if_exist(self._keys[pod], metrics)
 
-    def route(self, prompt_head: str, target_model: str, critical: bool) -> tuple[int, Dispatch | None]:
-        """The pod for a request (its index) and its in-flight handle; raises ResourceExhausted (shed)."""
-        prefix = self._accounting.prefix_query(prompt_head, target_model)
-        request = LLMRequest(target_model, target_model, critical, len(prefix.hashes), prefix.matches)
+    def route(
+        self, prompt_head: str, target_model: str, critical: bool, body_bytes: int
+    ) -> tuple[int, Dispatch | None]:
+        """The pod for a request (its index) and its in-flight handle; raises ResourceExhausted (shed).
+
+        `body_bytes` is the size of the request's body, which the EPP estimates the prompt from."""
+        accounting = self._accounting
+        prefix = accounting.prefix_query(prompt_head, target_model)
+        prompt_tokens = prompt_token_estimate(body_bytes)
+        request = LLMRequest(
+            target_model,
+            target_model,
+            critical,
+            len(prefix.hashes),
+            prefix.matches,
+            prompt_tokens,
+            accounting.clock(),
+        )
         pods: list[PodMetrics] = list(self._store.pod_get_all())
         pick = self._scheduler.rank(request, pods, 1)[0]
-        dispatch = self._accounting.routed(pick, target_model, prefix)
+        dispatch = self._accounting.routed(pick, target_model, prefix, prompt_tokens)
         return self._index[pick.pod.key], dispatch
+
+    def first_byte(self, dispatch: Dispatch | None) -> Dispatch | None:
+        """The request's first token reached the client: the first chunk of its response body."""
+        return None if dispatch is None else self._accounting.first_byte(dispatch)
 
     def finished(self, dispatch: Dispatch | None) -> None:
         if dispatch is not None:

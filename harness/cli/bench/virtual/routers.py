@@ -2,7 +2,9 @@
 
 * ``epp``: the EPP's real scheduling code (``EppHost``) with our measured default profile;
   ``epp[filter-tree]`` the v0.3.0 filter tree; ``epp[last-routed]`` the default profile with the
-  opt-in last-routed scorer at its measured weight (``LAST_ROUTED_OPT_IN_WEIGHT``).
+  opt-in last-routed scorer at its measured weight (``LAST_ROUTED_OPT_IN_WEIGHT``);
+  ``epp[no-predicted-ttft]`` the default profile without the predicted-TTFT scorer (the default
+  until 6 Dec 2026), to show what that scorer adds.
 * ``upstream-v1.5-default``: the same code with upstream v1.5.0's default profile (queue 2, KV cache 2,
   prefix 3, max-score picker) read through our EndpointPickerConfig loader — the document of
   ``examples/config/upstream-default.yaml`` (a unit test keeps the two equal).
@@ -43,8 +45,9 @@ POWER_OF_TWO = "power-of-two"
 ORACLE = "oracle"
 EPP_FILTER_TREE = "epp[filter-tree]"
 EPP_LAST_ROUTED = "epp[last-routed]"
+EPP_NO_PREDICTED_TTFT = "epp[no-predicted-ttft]"
 ALL = (EPP, UPSTREAM_DEFAULT, ORACLE, LEAST_OUTSTANDING, POWER_OF_TWO, ROUND_ROBIN, RANDOM)
-KNOWN = (*ALL, EPP_FILTER_TREE, EPP_LAST_ROUTED)
+KNOWN = (*ALL, EPP_FILTER_TREE, EPP_LAST_ROUTED, EPP_NO_PREDICTED_TTFT)
 
 
 def upstream_default_config() -> SchedulerConfig:
@@ -73,10 +76,17 @@ class EppRouter:
         assert host is not None
         try:
             return host.route(
-                request.prompt_head(host.head_chars), request.served_model, request.priority >= 0
+                request.prompt_head(host.head_chars),
+                request.served_model,
+                request.priority >= 0,
+                request.body_bytes,
             )
         except ResourceExhausted as exc:
             raise Shed(str(exc)) from None
+
+    def first_token(self, pod: int, handle: object, now: float) -> object:
+        assert self._host is not None
+        return self._host.first_byte(handle)  # type: ignore[arg-type]
 
     def finished(self, pod: int, handle: object, now: float) -> None:
         assert self._host is not None
@@ -108,6 +118,9 @@ class CountingRouter:
         self._sent += 1
         self._counts[pod] += 1
         return pod, None
+
+    def first_token(self, pod: int, handle: object, now: float) -> object:
+        return handle
 
     def finished(self, pod: int, handle: object, now: float) -> None:
         self._counts[pod] -= 1
@@ -158,6 +171,9 @@ class OracleRouter:
                 best, best_estimate = i, estimate
         return best, None
 
+    def first_token(self, pod: int, handle: object, now: float) -> object:
+        return handle
+
     def finished(self, pod: int, handle: object, now: float) -> None:
         pass
 
@@ -174,6 +190,9 @@ def make_router(name: str, seed: int = 0) -> Router:
     if name == EPP_LAST_ROUTED:
         weights = ScorerWeights(last_routed=LAST_ROUTED_OPT_IN_WEIGHT)
         return EppRouter(EPP_LAST_ROUTED, SchedulerConfig(weights=weights), seed)
+    if name == EPP_NO_PREDICTED_TTFT:
+        weights = ScorerWeights(predicted_ttft=0.0)
+        return EppRouter(EPP_NO_PREDICTED_TTFT, SchedulerConfig(weights=weights), seed)
     if name == UPSTREAM_DEFAULT:
         return EppRouter(UPSTREAM_DEFAULT, upstream_default_config(), seed)
     if name == ORACLE:
