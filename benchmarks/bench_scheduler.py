@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from epp.api.types import EndpointKey
-from epp.config import FILTER_TREE, SCORER, ProberConfig, SchedulerConfig
-from epp.datastore.types import Metrics, Pod, PodMetrics
+from epp.config import FILTER_TREE, SCORER, ProberConfig, SchedulerConfig, ScorerWeights
+from epp.datastore.types import Dispatched, Metrics, Pod, PodMetrics
 from epp.errors import EppError
 from epp.pickerconfig import load_picker_config
 from epp.scheduling import LLMRequest, new_scheduler
@@ -48,9 +48,20 @@ def make_pods(n: int, rng: random.Random) -> list[PodMetrics]:
                     max_active_models=4,
                     updated_at=NOW - rng.random(),
                 ),
+                _in_flight(rng),
             )
         )
     return pods
+
+
+def _in_flight(rng: random.Random) -> Dispatched:
+    """What this EPP has in flight on a pod: a few requests, some still prefilling, the latest first
+    byte a few milliseconds to a second ago (the predicted-TTFT scorer reads all of it)."""
+    count = rng.choice([0, 1, 4, 16, 64])
+    prompt = count * rng.randint(100, 2000)
+    prefilling = rng.choice([0, 0, prompt // max(count, 1)])
+    at = NOW - rng.choice([0.001, 0.004, 0.5]) if count else None
+    return Dispatched(count, frozenset(), 0, prompt, prefilling, at)
 
 
 def make_requests(pods: list[PodMetrics], rng: random.Random) -> list[LLMRequest]:
@@ -65,6 +76,8 @@ def make_requests(pods: list[PodMetrics], rng: random.Random) -> list[LLMRequest
                 critical=i % 2 == 0,
                 prefix_blocks=PROMPT_BLOCKS,
                 prefix_matches=matches,
+                prompt_tokens=rng.randint(50, 4000),
+                received_at=NOW,
             )
         )
     return requests
@@ -77,6 +90,9 @@ def schedulers() -> dict[str, SchedulerConfig]:
     return {
         "v0.3 filter tree": SchedulerConfig(kind=FILTER_TREE),
         "our default scorers": SchedulerConfig(kind=SCORER),
+        "our default scorers without predicted TTFT": SchedulerConfig(
+            kind=SCORER, weights=ScorerWeights(predicted_ttft=0.0)
+        ),
         "upstream default profile": upstream,
     }
 

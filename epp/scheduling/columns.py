@@ -112,8 +112,13 @@ def _last_routed(request: LLMRequest, pods: Sequence[PodMetrics], ms: list[Metri
 
 
 def _predicted_ttft(block_chars: int, step: StepModel) -> Column:
+    """`scorers.predicted_ttft_scores`, weighted, finding the pods that hold a prefix of the prompt
+    through a key index kept between requests."""
+    keys = KeyIndex()
+
     def column(request: LLMRequest, pods: Sequence[PodMetrics], ms: list[Metrics], w: float) -> Scores:
-        return [w * score for score in predicted_ttft_scores(request, pods, block_chars, step)]
+        index = keys.of(pods) if request.prefix_blocks > 0 and request.prefix_matches else None
+        return [w * score for score in predicted_ttft_scores(request, pods, block_chars, step, index)]
 
     return column
 

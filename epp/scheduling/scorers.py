@@ -50,8 +50,9 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from epp.api.types import EndpointKey
 from epp.config import (
     CHARS_PER_TOKEN,
     DEFAULT_QUEUEING_THRESHOLD_LORA,
@@ -157,7 +158,11 @@ def last_routed_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Score
 
 
 def predicted_ttft_scores(
-    request: LLMRequest, pods: Sequence[PodMetrics], block_chars: int, step: StepModel
+    request: LLMRequest,
+    pods: Sequence[PodMetrics],
+    block_chars: int,
+    step: StepModel,
+    index: Mapping[EndpointKey, int] | None = None,
 ) -> Scores:
     """best / predicted, the prediction (seconds until the request's first token on that pod, under
     `step`'s cost model) from what the EPP itself knows now, never stale:
@@ -165,29 +170,47 @@ def predicted_ttft_scores(
     * the rest of the step the engine is in: none on an idle pod (nothing in flight, none running
       at the last scrape); on a pod whose first byte of a response came back ``age`` ago, a decode
       step began then, so ``step - age`` of it is left; elsewhere half a step, as likely as not;
-    * the step that prefills it: the prefills sent there ahead of it (``prefill_tokens``), its own
-      prompt less the blocks the pod already holds (``prefix_matches``), one decode token for each
-      request in flight there and their context.
+    * the step that prefills it: the prefills sent there ahead of it (``prefill_tokens``), one decode
+      token for each request in flight there and their context, its own decode token and context,
+      and its own prompt less the blocks the pod already holds (``prefix_matches``).
+
+    On the hot path: one pass over the pods, then one over those holding a prefix of the prompt,
+    found through `index` (each pod's position by key, `columns.KeyIndex`; None when a key repeats
+    or none is kept: then every pod is looked up).
     """
-    block_tokens = block_chars / CHARS_PER_TOKEN
-    own = request.prompt_tokens
-    now = request.received_at
-    get = request.prefix_matches.get
     base, per_prefill = step.base_s, step.prefill_token_s
     per_sequence, per_context = step.decode_sequence_s, step.context_token_s
-    predicted: list[float] = []
+    own = request.prompt_tokens
+    now = request.received_at
+    ahead: list[float] = []  # per pod: the rest of its step, the decode step, the prefills ahead
+    append = ahead.append
     for p in pods:
         d = p.dispatched
-        decode = base + per_sequence * d.count + per_context * d.prompt_tokens
-        if d.count == 0 and p.metrics.running_queue_size == 0:
-            rest = 0.0
-        elif d.prefilled_at is not None and 0.0 <= (age := now - d.prefilled_at) < decode:
-            rest = decode - age
+        count = d.count
+        if not count and not p.metrics.running_queue_size:
+            append(base)
+            continue
+        decode = base + per_sequence * count + per_context * d.prompt_tokens
+        at = d.prefilled_at
+        if at is None or not 0.0 <= (age := now - at) < decode:
+            append(1.5 * decode + per_prefill * d.prefill_tokens)
         else:
-            rest = decode / 2
-        uncached = own - get(p.pod.key, 0) * block_tokens
-        prefill = per_prefill * (d.prefill_tokens + (uncached if uncached > 0.0 else 0.0))
-        predicted.append(rest + decode + per_sequence + per_context * own + prefill)
+            append((decode - age) + decode + per_prefill * d.prefill_tokens)
+    mine = per_sequence + per_context * own
+    cold = mine + per_prefill * own
+    predicted = [t + cold for t in ahead]
+    matches = request.prefix_matches
+    if request.prefix_blocks > 0 and matches:
+        block_tokens = block_chars / CHARS_PER_TOKEN
+        holders = (
+            ((i, blocks) for key, blocks in matches.items() if (i := index.get(key)) is not None)
+            if index is not None
+            else ((i, matches.get(p.pod.key, 0)) for i, p in enumerate(pods))
+        )
+        for i, blocks in holders:
+            if blocks:
+                uncached = own - blocks * block_tokens
+                predicted[i] = ahead[i] + (mine + per_prefill * (uncached if uncached > 0.0 else 0.0))
     best = min(predicted)
     return [best / t for t in predicted]
 

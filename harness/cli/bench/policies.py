@@ -183,11 +183,20 @@ class _ParkedEpp(Generic[E]):
         )
 
 
+def _v1_envoy() -> EnvoyOptions:
+    return EnvoyOptions.v1(log_level="warning")
+
+
 @dataclass
 class EppPolicy(_ParkedEpp[EppProcess]):
+    """Our EPP behind an Envoy set up as upstream's v1 test configuration deploys one (both bodies
+    FULL_DUPLEX_STREAMED, a list-aware cluster of the pool's endpoints): each response's first chunk
+    reaches the EPP, which the predicted-TTFT scorer reads as the end of that prompt's prefill."""
+
     name: str
     epp_args: Sequence[str] = ()
     epp_env: dict[str, str] = field(default_factory=dict)
+    envoy: EnvoyOptions = field(default_factory=_v1_envoy)
 
     def start(self, pool: PoolView) -> None:
         try:
@@ -209,8 +218,12 @@ class EppPolicy(_ParkedEpp[EppProcess]):
                 assert len(fresh) == count, f"{len(fresh)}/{count} pods scraped"
 
             eventually(scraped, timeout=30, message="the EPP scraped every pod")
-            self._envoy = Envoy(self._epp.ext_proc_address, ext_proc_tls=self._epp.ext_proc_tls)
+            self._envoy = Envoy(
+                self._epp.ext_proc_address, options=self.envoy, ext_proc_tls=self._epp.ext_proc_tls
+            )
             self._envoy.start()
+            if self.envoy.follow_pool_endpoints:
+                self._envoy.set_model_server_endpoints(pool.endpoints)
             self._url = self._envoy.base_url + COMPLETIONS
             self.end_run()
         except BaseException:
@@ -502,6 +515,7 @@ SCORER_WEIGHT_ENV = {
     "lora": "LORA_AFFINITY_SCORE_WEIGHT",
     "in_flight": "IN_FLIGHT_SCORE_WEIGHT",
     "last_routed": "LAST_ROUTED_SCORE_WEIGHT",
+    "predicted_ttft": "PREDICTED_TTFT_SCORE_WEIGHT",
 }
 
 
