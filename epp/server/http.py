@@ -175,8 +175,11 @@ def _pod(pod: PodMetrics, now: float) -> dict[str, Any]:
             "maxActiveModels": m.max_active_models,
         },
         "metricsAgeSeconds": None if m.updated_at is None else max(0.0, now - m.updated_at),
-        # Requests this EPP routed to the pod whose responses have not ended yet.
+        # Requests this EPP routed to the pod whose responses have not ended yet, their prompt tokens
+        # (estimated), and those of them no response byte has come back for yet.
         "inFlight": pod.dispatched.count,
+        "promptTokensInFlight": pod.dispatched.prompt_tokens,
+        "prefillTokens": pod.dispatched.prefill_tokens,
     }
 
 

@@ -172,7 +172,7 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                 PodObject.from_api(PodBuilder("pod-2").labels(app="vllm").ready("10.0.0.2").build())
             )
             pod_1 = next(p.pod.key for p in epp.datastore.pod_get_all() if p.pod.key.name == "pod-1")
-            assert epp.datastore.pod_dispatch_started(pod_1, "lora-a")
+            assert epp.datastore.pod_dispatch_started(pod_1, "lora-a", prompt_tokens=120)
             url = f"http://127.0.0.1:{epp.debug_port}/debug/datastore"
             async with aiohttp.ClientSession() as http:
                 async with http.get(url) as resp:
@@ -213,6 +213,8 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                         },
                         "metricsAgeSeconds": 10.0,
                         "inFlight": 1,
+                        "promptTokensInFlight": 120,
+                        "prefillTokens": 120,
                     },
                     {
                         "namespace": "default",
@@ -228,6 +230,8 @@ def test_debug_view_dumps_the_datastore_read_only() -> None:
                         },
                         "metricsAgeSeconds": None,
                         "inFlight": 0,
+                        "promptTokensInFlight": 0,
+                        "prefillTokens": 0,
                     },
                 ],
                 "watches": {},  # the seeding fake watches nothing (the controllers' own tests cover it)
