@@ -128,9 +128,12 @@ class Datastore(Protocol):
         ...
 
     # --- routing memory: the handlers' only writes ------------------------------------------
-    def pod_dispatch_started(self, key: EndpointKey, target_model: str, prompt_tokens: int = 0) -> bool:
-        """A request for ``target_model`` with about ``prompt_tokens`` to prefill was routed to the
-        endpoint (False: it is gone)."""
+    def pod_dispatch_started(
+        self, key: EndpointKey, target_model: str, prompt_tokens: int = 0, prefilling: bool = True
+    ) -> bool:
+        """A request for ``target_model`` with a prompt of about ``prompt_tokens`` was routed to the
+        endpoint (False: it is gone); ``prefilling``: its prompt counts as prefilling until
+        ``pod_prefill_done`` (only when its first response byte will be reported)."""
         ...
 
     def pod_prefill_done(self, key: EndpointKey, prompt_tokens: int, at: float) -> None:

@@ -214,7 +214,9 @@ class _Store:
             return True
 
     # --- routing memory (written by the handlers) ----------------------------------------------
-    def pod_dispatch_started(self, key: EndpointKey, target_model: str, prompt_tokens: int = 0) -> bool:
+    def pod_dispatch_started(
+        self, key: EndpointKey, target_model: str, prompt_tokens: int = 0, prefilling: bool = True
+    ) -> bool:
         with self._lock:
             current = self._pods.get(key)
             if current is None:
@@ -223,7 +225,8 @@ class _Store:
             flight.counts[target_model] += 1
             tokens = max(prompt_tokens, 0)
             flight.prompt_tokens += tokens
-            flight.prefill_tokens += tokens
+            if prefilling:
+                flight.prefill_tokens += tokens
             self._dispatches += 1
             self._pods[key] = dataclasses.replace(current, dispatched=flight.snapshot(self._dispatches))
             return True

@@ -13,7 +13,9 @@ NONE) costs nothing extra per request.
 When a prompt is prefilled. A model server sends the first byte of a response once the engine step
 that prefilled the prompt ends (streamed: the first token; not streamed: the whole answer). Where the
 EPP is sent response bodies (v1's FULL_DUPLEX_STREAMED), the first chunk — ``first_byte`` — ends the
-request's prefill on its pod; elsewhere its prompt counts as prefilling until the stream ends.
+request's prefill on its pod. Where it is not (Envoy's protocol_config says response body NONE, or
+says nothing), no prefill is counted for the request at all, only its prompt as context: one counted
+until the stream ends would make a pod look busy for the whole of every decode.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from epp.scheduling.prefix import block_hashes
 class RoutingMemory(Protocol):
     """The datastore's routing-memory methods (the Datastore Protocol satisfies it)."""
 
-    def pod_dispatch_started(self, key: EndpointKey, target_model: str, prompt_tokens: int = 0) -> bool: ...
+    def pod_dispatch_started(
+        self, key: EndpointKey, target_model: str, prompt_tokens: int = 0, prefilling: bool = True
+    ) -> bool: ...
 
     def pod_prefill_done(self, key: EndpointKey, prompt_tokens: int, at: float) -> None: ...
 
@@ -109,17 +113,24 @@ class Accounting:
         return PrefixQuery(hashes, self._memory.prefix_matches(hashes))
 
     def routed(
-        self, pod: PodMetrics, target_model: str, query: PrefixQuery, prompt_tokens: int = 0
+        self,
+        pod: PodMetrics,
+        target_model: str,
+        query: PrefixQuery,
+        prompt_tokens: int = 0,
+        first_byte_reported: bool = True,
     ) -> Dispatch | None:
-        """`prompt_tokens`: the prompt's size (`prompt_token_estimate`), prefilling until `first_byte`."""
+        """`prompt_tokens`: the prompt's size (`prompt_token_estimate`), prefilling until `first_byte`
+        when the response body will reach the EPP (`first_byte_reported`); otherwise counted as
+        context only: a prefill nobody will report done would weigh on its pod to the very end."""
         memory = self._memory
         if memory is None:
             return None
         key = pod.pod.key
         memory.prefix_record(key, query.hashes)
-        if not memory.pod_dispatch_started(key, target_model, prompt_tokens):
+        if not memory.pod_dispatch_started(key, target_model, prompt_tokens, first_byte_reported):
             return None  # the pod left between the snapshot and now: nothing to count down later
-        return Dispatch(key, target_model, prompt_tokens)
+        return Dispatch(key, target_model, prompt_tokens, prefilled=not first_byte_reported)
 
     def first_byte(self, dispatch: Dispatch) -> Dispatch:
         """The first response byte came back: the engine has prefilled the prompt. The dispatch to
@@ -142,6 +153,7 @@ class Accounting:
         target_model: str,
         query: PrefixQuery,
         prompt_tokens: int = 0,
+        first_byte_reported: bool = True,
     ) -> Dispatch | None:
         """A fallback served the request ``dispatch`` counted on its pick: move it to ``pod``.
 
@@ -149,11 +161,11 @@ class Accounting:
         that really holds it now (the pick's entry stays: the index forgets by age, not by request).
         """
         if dispatch is None:
-            return self.routed(pod, target_model, query, prompt_tokens)
+            return self.routed(pod, target_model, query, prompt_tokens, first_byte_reported)
         if dispatch.pod == pod.pod.key:
             return dispatch
         self.finished(dispatch)
-        return self.routed(pod, target_model, query, dispatch.prompt_tokens)
+        return self.routed(pod, target_model, query, dispatch.prompt_tokens, not dispatch.prefilled)
 
 
 NO_ACCOUNTING = Accounting(None, prefix_aware=False)

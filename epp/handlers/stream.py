@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 
 _BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+_NO_BODY = processing_mode_pb2.ProcessingMode.NONE
 
 Reply = bytes | tuple[bytes, ...] | None
 """What one message gets back: nothing, one ProcessingResponse, or several in order (full duplex)."""
@@ -293,6 +294,7 @@ class ExtProcStream:
         "_json_body",
         "_prompt_tokens",
         "_received_at",
+        "_response_body_sent",
         "_response_done",
         "_response_duplex",
         "_response_kind",
@@ -320,6 +322,9 @@ class ExtProcStream:
         self._duplex = False  # FULL_DUPLEX_STREAMED: answer the request side once, when the body is complete
         # FULL_DUPLEX_STREAMED response body: every chunk goes back in its reply.
         self._response_duplex = False
+        # Envoy's protocol_config says the response body will be sent here (its first chunk ends the
+        # prompt's prefill in the accounting); unknown without one.
+        self._response_body_sent = False
         self._subset: Subset | None = None  # the proxy's subset hint, when it sent one
         self._body_chunks: list[bytes] = []
         self._body_size = 0
@@ -359,6 +364,7 @@ class ExtProcStream:
             self._buffered_mode = mode == _BUFFERED
             self._duplex = mode == _FULL_DUPLEX
             self._response_duplex = config.response_body_mode == _FULL_DUPLEX
+            self._response_body_sent = config.response_body_mode != _NO_BODY
         # The hint limits the candidates of the one routing decision: after it, nothing reads it.
         if not self._decided and req.HasField("metadata_context") and self._deps.subset_filter:
             subset = _subset_of(req.metadata_context)
@@ -533,10 +539,13 @@ class ExtProcStream:
             prefix.matches,
             self._prompt_tokens,
             accounting.clock(),
+            self._response_body_sent,
         )
         ranked = deps.scheduler.rank(request, pods, 1 + deps.fallbacks)
         # Only the pick counts as in flight: a fallback serves the request only if the pick cannot.
-        self._in_flight = accounting.routed(ranked[0], target, prefix, self._prompt_tokens)
+        self._in_flight = accounting.routed(
+            ranked[0], target, prefix, self._prompt_tokens, self._response_body_sent
+        )
         if len(ranked) > 1:
             self._routing = (ranked, target, prefix)
         endpoint = destination_list(ranked)
@@ -620,7 +629,7 @@ class ExtProcStream:
             log.debug("served by %s, which is not among the endpoints sent: ignored", endpoint)
             return
         self._in_flight = self._deps.accounting.served_by(
-            self._in_flight, served, target, prefix, self._prompt_tokens
+            self._in_flight, served, target, prefix, self._prompt_tokens, self._response_body_sent
         )
 
     def _response_headers(self, msg: pb.HttpHeaders) -> None:

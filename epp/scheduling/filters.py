@@ -27,7 +27,9 @@ class LLMRequest:
     `prefix_blocks` is how many prompt blocks the request has, `prefix_matches` how many leading ones
     each pod was already sent (the datastore's prefix memory); only the scorer scheduler reads them.
     `prompt_tokens` is the prompt's size in tokens as estimated from the body (0: unknown), and
-    `received_at` when the EPP routes it (the accounting's monotonic clock).
+    `received_at` when the EPP routes it (the accounting's monotonic clock). `prefills_observed`: the
+    response body reaches the EPP on this request's path, so its accounting sees prefills end (first
+    response bytes); without that the predicted-TTFT scorer abstains.
     """
 
     model: str
@@ -37,6 +39,7 @@ class LLMRequest:
     prefix_matches: Mapping[EndpointKey, int] = field(default_factory=lambda: NO_MATCHES)
     prompt_tokens: int = 0
     received_at: float = 0.0
+    prefills_observed: bool = True
 
 
 Pods = list[PodMetrics]

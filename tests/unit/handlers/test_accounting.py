@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -22,6 +23,8 @@ from .support import Env, body, exchange, headers, serving
 
 LONG_PROMPT = "You are a helpful assistant. " * 10  # 290 characters: 4 full 64-character blocks
 COMPLETION = {"model": "food-review", "prompt": LONG_PROMPT, "max_tokens": 8}
+NO_BODY = processing_mode_pb2.ProcessingMode.NONE
+FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 
 def env(**options: bool) -> Env:
@@ -34,10 +37,13 @@ def env(**options: bool) -> Env:
     )
 
 
-async def routed(channel: grpc.aio.Channel) -> Any:
-    """An ext_proc stream whose request (headers, then the completion's body) has been routed."""
+async def routed(channel: grpc.aio.Channel, response_body: int = NO_BODY) -> Any:
+    """An ext_proc stream whose request (headers, then the completion's body) has been routed; the
+    headers carry Envoy's protocol_config with this response body mode."""
     call = pb_grpc.ExternalProcessorStub(channel).Process()
-    await call.write(headers())
+    first = headers()
+    first.protocol_config.response_body_mode = response_body
+    await call.write(first)
     await call.read()
     await call.write(body(COMPLETION))
     await call.read()
@@ -79,7 +85,7 @@ def test_a_routed_prompt_counts_as_prefilling_until_the_first_response_chunk() -
 
     async def scenario() -> None:
         async with serving(e.servicer()) as channel:
-            call = await routed(channel)
+            call = await routed(channel, FULL_DUPLEX)
             assert (e.scheduler.requests[0].prompt_tokens, estimate > 70) == (estimate, True)
             flight = pod(e, "pod-1").dispatched
             assert (flight.prompt_tokens, flight.prefill_tokens, flight.prefilled_at) == (
@@ -94,6 +100,36 @@ def test_a_routed_prompt_counts_as_prefilling_until_the_first_response_chunk() -
             assert flight.prefilled_at is not None
             await call.write(body(b"data: [DONE]\n\n", response=True))
             await call.read()
+            await call.done_writing()
+
+            async def ended() -> None:
+                flight = pod(e, "pod-1").dispatched
+                assert (flight.count, flight.prompt_tokens, flight.prefill_tokens) == (0, 0, 0)
+
+            await eventually_async(ended)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("protocol_config", [True, False], ids=["response-body-none", "not-said"])
+def test_without_the_response_body_a_prompt_counts_as_context_only(protocol_config: bool) -> None:
+    """No first chunk will come (response body NONE, or Envoy did not say): a prefill counted until
+    the stream ends would make the pod look busy through the whole decode, so none is counted."""
+    e = env()
+    e.scheduler.pick = "pod-1"
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            if protocol_config:
+                call = await routed(channel, NO_BODY)
+            else:
+                call = pb_grpc.ExternalProcessorStub(channel).Process()
+                await call.write(headers())
+                await call.read()
+                await call.write(body(COMPLETION))
+                await call.read()
+            flight = pod(e, "pod-1").dispatched
+            assert (flight.count, flight.prompt_tokens > 70, flight.prefill_tokens) == (1, True, 0)
             await call.done_writing()
 
             async def ended() -> None:

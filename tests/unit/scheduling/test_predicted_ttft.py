@@ -136,3 +136,14 @@ def test_the_metrics_the_scorer_reads_are_only_the_running_count() -> None:
         a, metrics=Metrics(waiting_queue_size=50, kv_cache_usage=0.99, updated_at=NOW)
     )
     assert scores(a, flying("b")) == scores(stale, flying("b"))
+
+
+def test_where_no_prefill_is_seen_to_end_the_scorer_abstains() -> None:
+    """Without the response body the EPP sees no first byte: every pod scores 1, so the profile
+    decides as it would without the scorer (the cached prefix alone would herd requests)."""
+    blind = dataclasses.replace(
+        REQUEST, prefills_observed=False, prefix_blocks=4, prefix_matches={pm("warm").pod.key: 4}
+    )
+    pods = [flying("warm"), flying("busy", count=3, prompt=900, prefilled_at=NOW - 0.001)]
+    assert scores(*pods, request=blind) == [1.0, 1.0]
+    assert scores(*pods) != [1.0, 1.0]

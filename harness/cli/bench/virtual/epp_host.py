@@ -38,9 +38,18 @@ TARGET_PORT = 8000
 
 class EppHost:
     def __init__(
-        self, config: SchedulerConfig, pods: int, clock: Callable[[], float], rng: random.Random
+        self,
+        config: SchedulerConfig,
+        pods: int,
+        clock: Callable[[], float],
+        rng: random.Random,
+        *,
+        response_body_sent: bool = True,
     ) -> None:
+        """`response_body_sent`: Envoy sends the EPP response bodies (v1's FULL_DUPLEX_STREAMED), so
+        first tokens reach it; False: response body NONE, none does."""
         self._config = config
+        self._response_body_sent = response_body_sent
         self._store = new_datastore(prefix_capacity_per_pod=config.prefix_capacity_per_pod)
         self._store.pool_set(InferencePool(NamespacedName(NAMESPACE, POOL), LABELS, (TARGET_PORT,)))
         for i in range(pods):
@@ -90,15 +99,19 @@ class EppHost:
             prefix.matches,
             prompt_tokens,
             accounting.clock(),
+            self._response_body_sent,
         )
         pods: list[PodMetrics] = list(self._store.pod_get_all())
         pick = self._scheduler.rank(request, pods, 1)[0]
-        dispatch = self._accounting.routed(pick, target_model, prefix, prompt_tokens)
+        dispatch = accounting.routed(pick, target_model, prefix, prompt_tokens, self._response_body_sent)
         return self._index[pick.pod.key], dispatch
 
     def first_byte(self, dispatch: Dispatch | None) -> Dispatch | None:
-        """The request's first token reached the client: the first chunk of its response body."""
-        return None if dispatch is None else self._accounting.first_byte(dispatch)
+        """The request's first token reached the client: the first chunk of its response body, which
+        the EPP sees only when Envoy sends it response bodies."""
+        if dispatch is None or not self._response_body_sent:
+            return dispatch
+        return self._accounting.first_byte(dispatch)
 
     def finished(self, dispatch: Dispatch | None) -> None:
         if dispatch is not None:

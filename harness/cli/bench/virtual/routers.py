@@ -4,7 +4,8 @@
   ``epp[filter-tree]`` the v0.3.0 filter tree; ``epp[last-routed]`` the default profile with the
   opt-in last-routed scorer at its measured weight (``LAST_ROUTED_OPT_IN_WEIGHT``);
   ``epp[no-predicted-ttft]`` the default profile without the predicted-TTFT scorer (the default
-  until 6 Dec 2026), to show what that scorer adds.
+  until 6 Dec 2026), to show what that scorer adds; ``epp[no-response-body]`` the default behind an
+  Envoy that sends the EPP no response body (no first token reaches it).
 * ``upstream-v1.5-default``: the same code with upstream v1.5.0's default profile (queue 2, KV cache 2,
   prefix 3, max-score picker) read through our EndpointPickerConfig loader — the document of
   ``examples/config/upstream-default.yaml`` (a unit test keeps the two equal).
@@ -46,8 +47,9 @@ ORACLE = "oracle"
 EPP_FILTER_TREE = "epp[filter-tree]"
 EPP_LAST_ROUTED = "epp[last-routed]"
 EPP_NO_PREDICTED_TTFT = "epp[no-predicted-ttft]"
+EPP_NO_RESPONSE_BODY = "epp[no-response-body]"
 ALL = (EPP, UPSTREAM_DEFAULT, ORACLE, LEAST_OUTSTANDING, POWER_OF_TWO, ROUND_ROBIN, RANDOM)
-KNOWN = (*ALL, EPP_FILTER_TREE, EPP_LAST_ROUTED, EPP_NO_PREDICTED_TTFT)
+KNOWN = (*ALL, EPP_FILTER_TREE, EPP_LAST_ROUTED, EPP_NO_PREDICTED_TTFT, EPP_NO_RESPONSE_BODY)
 
 
 def upstream_default_config() -> SchedulerConfig:
@@ -62,12 +64,19 @@ class EppRouter:
     name: str
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0
+    response_body_sent: bool = True
     _host: EppHost | None = field(default=None, init=False)
     _model: str = field(default="", init=False)
 
     def start(self, cluster: VirtualCluster) -> None:
         loop = cluster.loop
-        self._host = EppHost(self.config, len(cluster.pods), lambda: loop.now, random.Random(self.seed))
+        self._host = EppHost(
+            self.config,
+            len(cluster.pods),
+            lambda: loop.now,
+            random.Random(self.seed),
+            response_body_sent=self.response_body_sent,
+        )
         self._model = cluster.config.sim.model
         self._max_loras = cluster.config.sim.max_loras
 
@@ -190,6 +199,8 @@ def make_router(name: str, seed: int = 0) -> Router:
     if name == EPP_LAST_ROUTED:
         weights = ScorerWeights(last_routed=LAST_ROUTED_OPT_IN_WEIGHT)
         return EppRouter(EPP_LAST_ROUTED, SchedulerConfig(weights=weights), seed)
+    if name == EPP_NO_RESPONSE_BODY:
+        return EppRouter(EPP_NO_RESPONSE_BODY, SchedulerConfig(), seed, response_body_sent=False)
     if name == EPP_NO_PREDICTED_TTFT:
         weights = ScorerWeights(predicted_ttft=0.0)
         return EppRouter(EPP_NO_PREDICTED_TTFT, SchedulerConfig(weights=weights), seed)
