@@ -106,9 +106,10 @@ class Ratio:
     name: str
     value: float  # EPP's figure over the other's (for goodput: EPP's over the other's)
     against: str
-    target: str
+    target: str  # "<= 0.5", ">= 1.0": `_ratio` writes it from the comparison and `bound`
     holds: bool | None  # None when the other policy did not run
     workload: str = ""  # the workload it was measured on (harness.cli.bench.workloads)
+    bound: float = math.nan
 
     def line(self) -> str:
         where = f" on the {self.workload} workload" if self.workload else ""
@@ -116,8 +117,7 @@ class Ratio:
             return f"{self.name}{where}: n/a ({self.against} did not run)"
         verdict = "holds" if self.holds else "MISSED"
         # Two decimals, or three where two would round onto the bound (0.997 is not "1.00 ... MISSED").
-        bound = float(self.target.split()[-1])
-        value = f"{self.value:.3f}" if abs(self.value - bound) < 0.005 else f"{self.value:.2f}"
+        value = f"{self.value:.3f}" if abs(self.value - self.bound) < 0.005 else f"{self.value:.2f}"
         return f"{self.name}{where}: {value} against {self.against} (target {self.target}: {verdict})"
 
 
@@ -145,51 +145,51 @@ def ratios(result: BenchResult, load: float = HEADLINE_LOAD) -> list[Ratio]:
         return []
     out: list[Ratio] = []
 
-    def add(name: str, mine: float, other: float | None, against: str, target: str, ok: Any) -> None:
-        out.append(replace(_ratio(name, mine, other, against, target, ok), workload=workload))
+    def add(name: str, mine: float, other: float | None, against: str, op: str, bound: float) -> None:
+        out.append(replace(_ratio(name, mine, other, against, op, bound), workload=workload))
 
     if result.config.mode == "virtual":
-        for name, policy, target, bound in (
-            ("EPP / round robin, TTFT p90", V_ROUND_ROBIN, "<= 0.5", 0.5),
-            ("EPP / least outstanding, TTFT p90", V_LEAST_OUTSTANDING, "<= 0.8", 0.8),
-            ("EPP / upstream v1.5 default profile, TTFT p90", V_UPSTREAM_DEFAULT, "<= 1.0", 1.0),
-            ("EPP / oracle, TTFT p90", ORACLE, "<= 1.2", 1.2),
+        for name, policy, bound in (
+            ("EPP / round robin, TTFT p90", V_ROUND_ROBIN, 0.5),
+            ("EPP / least outstanding, TTFT p90", V_LEAST_OUTSTANDING, 0.8),
+            ("EPP / upstream v1.5 default profile, TTFT p90", V_UPSTREAM_DEFAULT, 1.0),
+            ("EPP / oracle, TTFT p90", ORACLE, 1.2),
         ):
-            add(name, epp, p90(policy), policy, target, lambda v, b=bound: v <= b)
+            add(name, epp, p90(policy), policy, AT_MOST, bound)
         epp_good = goodput(EPP)
         # The EPP's own variants (``epp[last-routed]``, ``epp[filter-tree]``) are not its peers.
         peer_good = {p: v for p in result.policies if not p.startswith(EPP) and (v := goodput(p)) is not None}
         if epp_good is not None and peer_good:
             best = max(peer_good, key=lambda p: peer_good[p])
-            add("EPP / best peer, goodput", epp_good, peer_good[best], best, ">= 1.0", lambda v: v >= 1.0)
+            add("EPP / best peer, goodput", epp_good, peer_good[best], best, AT_LEAST, 1.0)
         return out
-    add("EPP / round robin, TTFT p90", epp, p90(ROUND_ROBIN), ROUND_ROBIN, "<= 0.5", lambda v: v <= 0.5)
+    add("EPP / round robin, TTFT p90", epp, p90(ROUND_ROBIN), ROUND_ROBIN, AT_MOST, 0.5)
     peers = [p for p in result.policies if p.startswith(PEER_PREFIXES)]
     peer_p90 = {p: v for p in peers if (v := p90(p)) is not None}
     if peer_p90:
         best = min(peer_p90, key=lambda p: peer_p90[p])
-        add("EPP / best peer, TTFT p90", epp, peer_p90[best], best, "<= 1.0", lambda v: v <= 1.0)
+        add("EPP / best peer, TTFT p90", epp, peer_p90[best], best, AT_MOST, 1.0)
     else:
-        out.append(Ratio("EPP / best peer, TTFT p90", math.nan, "the peer routers", "<= 1.0", None, workload))
+        add("EPP / best peer, TTFT p90", epp, None, "the peer routers", AT_MOST, 1.0)
     add(
         "EPP / Envoy least-request, TTFT p90",
         epp,
         p90(LEAST_REQUEST),
         LEAST_REQUEST,
-        "<= 1.0",
-        lambda v: v <= 1.0,
+        AT_MOST,
+        1.0,
     )
-    add("EPP / oracle, TTFT p90", epp, p90(ORACLE), ORACLE, "<= 1.2", lambda v: v <= 1.2)
+    add("EPP / oracle, TTFT p90", epp, p90(ORACLE), ORACLE, AT_MOST, 1.2)
     epp_good = goodput(EPP)
     # Today's other EPPs (`--epp-peer`): the EPP should be at least as good as each.
     for peer in (epp_peer_name(spec) for spec in result.config.epp_peers):
-        add(f"EPP / {peer}, TTFT p90", epp, p90(peer), peer, "<= 1.0", lambda v: v <= 1.0)
+        add(f"EPP / {peer}, TTFT p90", epp, p90(peer), peer, AT_MOST, 1.0)
         if epp_good is not None:
-            add(f"EPP / {peer}, goodput", epp_good, goodput(peer), peer, ">= 1.0", lambda v: v >= 1.0)
+            add(f"EPP / {peer}, goodput", epp_good, goodput(peer), peer, AT_LEAST, 1.0)
     peer_good = {p: v for p in peers if (v := goodput(p)) is not None}
     if epp_good is not None and peer_good:
         best = max(peer_good, key=lambda p: peer_good[p])
-        add("EPP / best peer, goodput", epp_good, peer_good[best], best, ">= 1.0", lambda v: v >= 1.0)
+        add("EPP / best peer, goodput", epp_good, peer_good[best], best, AT_LEAST, 1.0)
     cache_aware = {p: v for p in CACHE_AWARE if (v := p90(p)) is not None}
     if cache_aware:
         best = min(cache_aware, key=lambda p: cache_aware[p])
@@ -198,17 +198,24 @@ def ratios(result: BenchResult, load: float = HEADLINE_LOAD) -> list[Ratio]:
             epp,
             cache_aware[best],
             best,
-            "<= 1.0",
-            lambda v: v <= 1.0,
+            AT_MOST,
+            1.0,
         )
     return out
 
 
-def _ratio(name: str, mine: float, other: float | None, against: str, target: str, ok: Any) -> Ratio:
+AT_MOST = "<="
+AT_LEAST = ">="
+
+
+def _ratio(name: str, mine: float, other: float | None, against: str, op: str, bound: float) -> Ratio:
+    """mine / other against the target ``op bound`` (`AT_MOST` or `AT_LEAST`)."""
+    target = f"{op} {bound:.1f}"
     if other is None or math.isnan(other) or other <= 0 or math.isnan(mine):
-        return Ratio(name, math.nan, against, target, None)
+        return Ratio(name, math.nan, against, target, None, bound=bound)
     value = mine / other
-    return Ratio(name, value, against, target, bool(ok(value)))
+    holds = value <= bound if op == AT_MOST else value >= bound
+    return Ratio(name, value, against, target, holds, bound=bound)
 
 
 def describe(result: BenchResult) -> list[str]:

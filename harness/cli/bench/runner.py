@@ -240,7 +240,7 @@ def replay_once(
         server_ttfts = pool.server_ttfts(skip_fraction=config.warmup_fraction)
     finally:
         policy.end_run()
-    outcomes, span = measured_part(requests, outcomes, span, config)
+    measured = measured_part(requests, outcomes, span, config)
     pairs = list(zip(after, before, strict=True))
     queried = sum(a.prefix_queries - b.prefix_queries for a, b in pairs)
     hits = sum(a.prefix_hits - b.prefix_hits for a, b in pairs)
@@ -248,10 +248,10 @@ def replay_once(
         policy.name,
         load,
         repeat,
-        outcomes,
+        measured.outcomes,
         time_scale=config.time_scale,
-        span_wall_s=span,
-        arrivals=[r.at for r in requests[warm_count(len(requests), config.warmup_fraction) :]],
+        span_wall_s=measured.span_wall_s,
+        arrivals=measured.arrivals,
         per_pod=pool.served_per_pod(),
         slo=config.slo,
         late_s=sum(a.late_s - b.late_s for a, b in pairs),
@@ -261,17 +261,27 @@ def replay_once(
     )
 
 
+@dataclass(frozen=True)
+class Measured:
+    """The part of a run the figures count: the warm-up left out."""
+
+    outcomes: list[Outcome]
+    span_wall_s: float  # from the first counted request's arrival to the end of the run
+    arrivals: list[float]  # the counted requests' arrival offsets, simulated seconds (goodput's rate)
+
+
 def measured_part(
     requests: Sequence[TraceRequest], outcomes: Sequence[Outcome], span_wall_s: float, config: BenchConfig
-) -> tuple[list[Outcome], float]:
-    """The outcomes the figures count (the warm-up left out) and the wall time they span: from the
-    first counted request's arrival to the end of the run (throughput and goodput divide by it)."""
+) -> Measured:
+    """The outcomes the figures count (the warm-up left out), the wall time they span (throughput
+    divides by it) and their requests' arrivals."""
     warm = warm_count(len(requests), config.warmup_fraction)
+    arrivals = [r.at for r in requests[warm:]]
     if not warm:
-        return list(outcomes), span_wall_s
+        return Measured(list(outcomes), span_wall_s, arrivals)
     first = requests[warm]
     kept = [o for o in outcomes if o.index >= first.index]
-    return kept, max(1e-9, span_wall_s - first.at * config.time_scale)
+    return Measured(kept, max(1e-9, span_wall_s - first.at * config.time_scale), arrivals)
 
 
 def warm_count(requests: int, fraction: float) -> int:

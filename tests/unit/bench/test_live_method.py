@@ -33,16 +33,17 @@ def test_the_first_tenth_of_a_trace_is_left_out_and_the_span_starts_at_the_first
     requests = [request(i, at=i * 0.5) for i in range(20)]  # simulated seconds
     outcomes = [Outcome(i, status=200) for i in range(20)]
     config = BenchConfig(sim=replace(BenchConfig().sim, time_scale=2.0))
-    kept, span = measured_part(requests, outcomes, span_wall_s=30.0, config=config)
-    assert [o.index for o in kept] == list(range(2, 20))
-    assert span == pytest.approx(30.0 - 1.0 * 2.0)  # request 2 arrives at 1.0 simulated s, 2 wall s
+    measured = measured_part(requests, outcomes, span_wall_s=30.0, config=config)
+    assert [o.index for o in measured.outcomes] == list(range(2, 20))
+    assert measured.span_wall_s == pytest.approx(30.0 - 1.0 * 2.0)  # request 2 arrives at 1.0 s, 2 wall s
+    assert measured.arrivals == [i * 0.5 for i in range(2, 20)]
 
 
 def test_without_a_warm_up_share_everything_counts() -> None:
     requests = [request(i, at=float(i)) for i in range(5)]
     outcomes = [Outcome(i, status=200) for i in range(5)]
-    kept, span = measured_part(requests, outcomes, 7.0, BenchConfig(warmup_fraction=0.0))
-    assert (len(kept), span) == (5, 7.0)
+    measured = measured_part(requests, outcomes, 7.0, BenchConfig(warmup_fraction=0.0))
+    assert (len(measured.outcomes), measured.span_wall_s, len(measured.arrivals)) == (5, 7.0, 5)
 
 
 @pytest.mark.parametrize(

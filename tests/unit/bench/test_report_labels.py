@@ -91,11 +91,12 @@ def test_a_mixed_priority_run_reports_each_priority_and_others_none() -> None:
 
 @pytest.mark.parametrize(
     ("value", "holds", "shown"),
-    [(0.997, False, "0.997"), (1.003, True, "1.003"), (1.49, True, "1.49"), (0.2, True, "0.20")],
+    [(0.997, False, "0.997"), (1.003, True, "1.003"), (1.49, True, "1.49"), (0.2, False, "0.20")],
 )
 def test_a_ratio_next_to_its_bound_shows_the_digit_that_decides(
     value: float, holds: bool, shown: str
 ) -> None:
     """A goodput 0.3% short of its target read "1.00 ... MISSED" in the committed prefix-heavy report."""
-    ratio = report.Ratio("EPP / best peer, goodput", value, "round-robin", ">= 1.0", holds, "prefix-heavy")
-    assert f": {shown} against round-robin" in ratio.line()
+    ratio = report._ratio("EPP / best peer, goodput", value, 1.0, "round-robin", report.AT_LEAST, 1.0)
+    assert ratio.holds is holds
+    assert f": {shown} against round-robin (target >= 1.0: {'holds' if holds else 'MISSED'})" in ratio.line()
