@@ -53,6 +53,20 @@ def test_upstream_default_profile_example() -> None:
     assert loaded.notes == ()
 
 
+def test_our_default_written_as_a_config_file_is_our_default() -> None:
+    """examples/config/epp-default.yaml stays what the EPP runs without a config file."""
+    loaded = load((EXAMPLES / "epp-default.yaml").read_text()).scheduler
+    default = SchedulerConfig()
+    weighted = [s for s in default.scoring_profile.scorers if s.weight > 0]
+    assert list(loaded.scoring_profile.scorers) == weighted
+    assert loaded.scoring_profile.picker == default.scoring_profile.picker
+    prefix = ("prefix_block_chars", "prefix_max_blocks", "prefix_capacity_per_pod")
+    assert [getattr(loaded, k) for k in prefix] == [getattr(default, k) for k in prefix]
+    step, expected = loaded.step_model, default.step_model
+    fields = ("base_s", "prefill_token_s", "decode_sequence_s", "context_token_s")
+    assert [getattr(step, f) for f in fields] == pytest.approx([getattr(expected, f) for f in fields])
+
+
 def test_every_upstream_scorer_and_ours_map_onto_our_scorers() -> None:
     types = {
         "queue-scorer": "queue",
