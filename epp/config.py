@@ -193,6 +193,9 @@ class ScorerWeights:
     # queue/KV differences of a few tenths, so at low load it rotates requests over pods the scraped
     # figures tell apart (the live routing tests pin those picks).
     last_routed: float = 0.0
+    # Measured in virtual time (README "Virtual time", 64 engines x 20,000 requests at 0.5-1.0x
+    # capacity): TTFT p90 down on every workload against the profile without it; 2 keeps part of the
+    # gain, 8 adds nothing on prefix-heavy. It abstains where the EPP sees no response body.
     predicted_ttft: float = 4.0
 
 
