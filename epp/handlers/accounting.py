@@ -152,8 +152,6 @@ class Accounting:
         pod: PodMetrics,
         target_model: str,
         query: PrefixQuery,
-        prompt_tokens: int = 0,
-        first_byte_reported: bool = True,
     ) -> Dispatch | None:
         """A fallback served the request ``dispatch`` counted on its pick: move it to ``pod``.
 
@@ -161,7 +159,7 @@ class Accounting:
         that really holds it now (the pick's entry stays: the index forgets by age, not by request).
         """
         if dispatch is None:
-            return self.routed(pod, target_model, query, prompt_tokens, first_byte_reported)
+            return self.routed(pod, target_model, query)  # the pick had left: its size is not known
         if dispatch.pod == pod.pod.key:
             return dispatch
         self.finished(dispatch)

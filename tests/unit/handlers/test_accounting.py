@@ -54,6 +54,16 @@ def pod(e: Env, name: str) -> PodMetrics:
     return next(p for p in e.datastore.pod_get_all() if p.pod.key.name == name)
 
 
+async def released(e: Env, name: str) -> None:
+    """Until the pod counts nothing in flight: no request, no prompt token, no prefill."""
+
+    async def ended() -> None:
+        flight = pod(e, name).dispatched
+        assert (flight.count, flight.prompt_tokens, flight.prefill_tokens) == (0, 0, 0)
+
+    await eventually_async(ended)
+
+
 def test_a_routed_request_is_in_flight_until_its_stream_ends() -> None:
     e = env()
     e.scheduler.pick = "pod-2"
@@ -101,12 +111,7 @@ def test_a_routed_prompt_counts_as_prefilling_until_the_first_response_chunk() -
             await call.write(body(b"data: [DONE]\n\n", response=True))
             await call.read()
             await call.done_writing()
-
-            async def ended() -> None:
-                flight = pod(e, "pod-1").dispatched
-                assert (flight.count, flight.prompt_tokens, flight.prefill_tokens) == (0, 0, 0)
-
-            await eventually_async(ended)
+            await released(e, "pod-1")
 
     asyncio.run(scenario())
 
@@ -131,12 +136,7 @@ def test_without_the_response_body_a_prompt_counts_as_context_only(protocol_conf
             flight = pod(e, "pod-1").dispatched
             assert (flight.count, flight.prompt_tokens > 70, flight.prefill_tokens) == (1, True, 0)
             await call.done_writing()
-
-            async def ended() -> None:
-                flight = pod(e, "pod-1").dispatched
-                assert (flight.count, flight.prompt_tokens, flight.prefill_tokens) == (0, 0, 0)
-
-            await eventually_async(ended)
+            await released(e, "pod-1")
 
     asyncio.run(scenario())
 
