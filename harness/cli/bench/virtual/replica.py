@@ -11,7 +11,8 @@ builds the live run's twin, so ``benchmarks/bench_cross_validation.py`` can comp
   ``1 / time_scale`` of that in simulated seconds;
 * each live policy runs as the virtual router that plays its part (``LIVE_TO_VIRTUAL``): Envoy's
   LEAST_REQUEST is power of two choices over in-flight counts when all weights are equal, so its
-  twin is ``power-of-two``, not ``least-outstanding``;
+  twin is ``power-of-two``, not ``least-outstanding``; the EPP, which gets no response body from the
+  live bench's gateway, is ``epp[no-response-body]``;
 * the same warm-up share is left out as the live summary leaves out (``warmup_fraction``).
 
 What the twin cannot have: the live path's own delay (Envoy, the EPP's gRPC round trip, the
@@ -27,12 +28,20 @@ from epp.config import DEFAULT_REFRESH_METRICS_INTERVAL
 from harness.cli.bench import report
 from harness.cli.bench.runner import BenchResult, trace_spec
 from harness.cli.bench.virtual.cluster import ClusterConfig, VirtualCluster
-from harness.cli.bench.virtual.routers import EPP, ORACLE, POWER_OF_TWO, RANDOM, ROUND_ROBIN, make_router
+from harness.cli.bench.virtual.routers import (
+    EPP_NO_RESPONSE_BODY,
+    ORACLE,
+    POWER_OF_TWO,
+    RANDOM,
+    ROUND_ROBIN,
+    make_router,
+)
 from harness.cli.bench.virtual.runner import VirtualConfig, summarize
 from harness.cli.bench.workload import generate
 
 LIVE_TO_VIRTUAL = {
-    report.EPP: EPP,
+    # The live bench's EPP sits behind the harness's default gateway, which sends it no response body.
+    report.EPP: EPP_NO_RESPONSE_BODY,
     report.ROUND_ROBIN: ROUND_ROBIN,
     report.LEAST_REQUEST: POWER_OF_TWO,
     "envoy-random": RANDOM,
