@@ -174,7 +174,9 @@ def predicted_ttft_scores(
       token for each request in flight there and their context, its own decode token and context,
       and its own prompt less the blocks the pod already holds (``prefix_matches``).
 
-    Without ``request.prefills_observed`` every pod scores 1: the accounting then cannot tell a pod
+    Without ``request.prefills_observed`` every pod scores 0, which leaves every total as the rest of
+    the profile makes it, to the bit (a constant 1 would too, but for rounding): the accounting then
+    cannot tell a pod
     prefilling a long prompt from one that is not, and the prompt's cached prefix alone would herd
     requests onto the pods holding it (measured in virtual time: TTFT p99 290 against 173 ms on
     prefix-heavy at 16 engines).
@@ -184,7 +186,7 @@ def predicted_ttft_scores(
     or none is kept: then every pod is looked up).
     """
     if not request.prefills_observed:
-        return [1.0] * len(pods)
+        return [0.0] * len(pods)
     base, per_prefill = step.base_s, step.prefill_token_s
     per_sequence, per_context = step.decode_sequence_s, step.context_token_s
     own = request.prompt_tokens

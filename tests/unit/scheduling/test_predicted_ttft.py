@@ -139,11 +139,14 @@ def test_the_metrics_the_scorer_reads_are_only_the_running_count() -> None:
 
 
 def test_where_no_prefill_is_seen_to_end_the_scorer_abstains() -> None:
-    """Without the response body the EPP sees no first byte: every pod scores 1, so the profile
-    decides as it would without the scorer (the cached prefix alone would herd requests)."""
+    """Without the response body the EPP sees no first byte: every pod scores 0, so the profile
+    decides as it would without the scorer, to the bit (the cached prefix alone would herd)."""
     blind = dataclasses.replace(
         REQUEST, prefills_observed=False, prefix_blocks=4, prefix_matches={pm("warm").pod.key: 4}
     )
     pods = [flying("warm"), flying("busy", count=3, prompt=900, prefilled_at=NOW - 0.001)]
-    assert scores(*pods, request=blind) == [1.0, 1.0]
-    assert scores(*pods) != [1.0, 1.0]
+    assert scores(*pods, request=blind) == [0.0, 0.0]
+    assert scores(*pods) != [0.0, 0.0]
+    config = SchedulerConfig(kind=SCORER)
+    without = SchedulerConfig(kind=SCORER, weights=ScorerWeights(predicted_ttft=0.0))
+    assert CompiledProfile(config).totals(blind, pods) == CompiledProfile(without).totals(blind, pods)
