@@ -168,8 +168,10 @@ def predicted_ttft_scores(
     `step`'s cost model) from what the EPP itself knows now, never stale:
 
     * the rest of the step the engine is in: none on an idle pod (nothing in flight, none running
-      at the last scrape); on a pod whose first byte of a response came back ``age`` ago, a decode
-      step began then, so ``step - age`` of it is left; elsewhere half a step, as likely as not;
+      at the last scrape); on a pod whose first byte of a response came back ``age`` ago while this
+      EPP still has requests in flight there, a decode step began then, so ``step - age`` of it is
+      left; elsewhere half a step, as likely as not (once the EPP's own requests there have ended,
+      that first byte says nothing of the steps others' requests keep the engine taking);
     * the step that prefills it: the prefills sent there ahead of it (``prefill_tokens``), one decode
       token for each request in flight there and their context, its own decode token and context,
       and its own prompt less the blocks the pod already holds (``prefix_matches``).
@@ -201,7 +203,7 @@ def predicted_ttft_scores(
             continue
         decode = base + per_sequence * count + per_context * d.prompt_tokens
         at = d.prefilled_at
-        if at is None or not 0.0 <= (age := now - at) < decode:
+        if not count or at is None or not 0.0 <= (age := now - at) < decode:
             append(1.5 * decode + per_prefill * d.prefill_tokens)
         else:
             append((decode - age) + decode + per_prefill * d.prefill_tokens)

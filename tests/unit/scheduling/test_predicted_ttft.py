@@ -74,6 +74,14 @@ def test_the_rest_of_the_step_the_engine_is_in_is_waited_out() -> None:
     assert just < early < old == unseen < late == 1.0
 
 
+def test_a_first_byte_from_a_pod_whose_requests_have_ended_says_nothing_of_its_step() -> None:
+    """Nothing of this EPP's in flight there, though others' requests run: half a step either way,
+    so a pod that just answered one request at a time is not pushed down the fallback list."""
+    answered = flying("answered", running=3, prefilled_at=NOW - 0.0005)
+    other = flying("other", running=3)
+    assert scores(answered, other) == [1.0, 1.0]
+
+
 def test_a_pod_running_requests_of_others_is_not_idle() -> None:
     """Requests the EPP did not send (another replica's) keep the engine stepping: half a step to wait."""
     idle, others = flying("idle"), flying("others", running=3)
