@@ -221,10 +221,6 @@ class StepModel:
         for name in ("prefill_token_s", "decode_sequence_s", "context_token_s"):
             _non_negative(name, getattr(self, name))
 
-    def decode_step_s(self, sequences: int, context_tokens: int) -> float:
-        """A step that only decodes: `sequences` tokens over `context_tokens` of context."""
-        return self.base_s + self.decode_sequence_s * sequences + self.context_token_s * context_tokens
-
 
 @dataclass(frozen=True, slots=True)
 class WeightedScorer:

@@ -22,6 +22,11 @@ PROMPT = 400  # tokens
 REQUEST = LLMRequest("m", "m", critical=True, prompt_tokens=PROMPT, received_at=NOW)
 
 
+def decode_step(sequences: int, context_tokens: int) -> float:
+    """A step that only decodes, under the default step model (what the scorer inlines)."""
+    return STEP.base_s + STEP.decode_sequence_s * sequences + STEP.context_token_s * context_tokens
+
+
 def flying(
     name: str,
     count: int = 0,
@@ -57,7 +62,7 @@ def test_a_pod_still_prefilling_a_prompt_scores_below_one_that_is_not() -> None:
     low, high = scores(busy, decoding)
     assert high == 1.0
     # The busy pod's step carries 1,000 more prefill tokens: 17 ms on the default step model.
-    decode = STEP.decode_step_s(1, 1000)
+    decode = decode_step(1, 1000)
     own = decode + STEP.decode_sequence_s + STEP.context_token_s * PROMPT + STEP.prefill_token_s * PROMPT
     best = decode / 2 + own
     assert low == pytest.approx(best / (best + STEP.prefill_token_s * 1000))
@@ -66,7 +71,7 @@ def test_a_pod_still_prefilling_a_prompt_scores_below_one_that_is_not() -> None:
 def test_the_rest_of_the_step_the_engine_is_in_is_waited_out() -> None:
     """A first byte back from a pod ``age`` ago means its engine began a step then (about 5.9 ms
     here): the request waits for the rest of it. Long ago, or never seen, half a step on average."""
-    assert STEP.decode_step_s(4, 2000) == pytest.approx(5.86e-3, abs=1e-5)
+    assert decode_step(4, 2000) == pytest.approx(5.86e-3, abs=1e-5)
     ages = {"just": 0.0001, "early": 0.002, "late": 0.005, "old": 5.0}
     pods = [flying(n, count=4, prompt=2000, prefilled_at=NOW - age) for n, age in ages.items()]
     just, early, late, old = scores(*pods, flying("unseen", count=4, prompt=2000))[:4]
