@@ -1,8 +1,9 @@
 """The settle barrier, proven on a real API server and a real (deliberately slowed) EPP.
 
 A delay alone never makes a correct EPP wrong, so the proof pairs it with a planted defect that shows
-only once the delayed handler has run: the pod reconcile waits 500 ms, then adds pods whether or not
-they are Ready. The negative check "an unready pod is not routed" then
+only once the delayed handler has run: the pod reconcile waits (500 ms; for the unready pod, until the
+test opens a gate, so no wall-clock race decides which look comes first), then adds pods whether or
+not they are Ready. The negative check "an unready pod is not routed" then
 
 * passes without the barrier — vacuously: the EPP has not handled the pod yet;
 * fails with the barrier — the EPP has applied the write, and the defect is there to see.
@@ -23,6 +24,7 @@ product code has no test branch.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,22 +50,50 @@ FLAKY = "flaky"
 FAILURES = 4
 
 
-def delayed(reconcile: Callable[[NamespacedName], None]) -> Reconcile:
-    """Holds its key for DELAY_S first (in flight, so the EPP is not idle), then reconciles."""
+class Gate:
+    """Opened from the test's thread, awaited on the EPP's loop (which is another thread's)."""
+
+    def __init__(self, *, opened: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._opened = opened
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def wait(self) -> None:
+        with self._lock:
+            if self._opened:
+                return
+            event = asyncio.Event()
+            self._waiters.append((asyncio.get_running_loop(), event))
+        await event.wait()
+
+    def open(self) -> None:
+        with self._lock:
+            self._opened = True
+            waiters, self._waiters = self._waiters, []
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+
+def delayed(reconcile: Callable[[NamespacedName], None], unready_gate: Gate) -> Reconcile:
+    """Holds its key for DELAY_S first (in flight, so the EPP is not idle), and the unready pod's key
+    until the test opens `unready_gate` as well, then reconciles."""
 
     async def later(key: NamespacedName) -> None:
         await asyncio.sleep(DELAY_S)
+        if key.name == UNREADY:
+            await unready_gate.wait()
         reconcile(key)
 
     return later
 
 
-def delayed_pods(*, readiness_blind: bool) -> ReconcilerFactory:
+def delayed_pods(*, readiness_blind: bool, unready_gate: Gate) -> ReconcilerFactory:
     """The pod reconcile, delayed, and readiness-blind if asked (the store is the EPP's, as wired)."""
     return lambda reader, store, pool: delayed(
         PodReconciler(
             PodRewritingReader(reader, always_ready) if readiness_blind else reader, store
-        ).reconcile
+        ).reconcile,
+        unready_gate,
     )
 
 
@@ -95,8 +125,14 @@ def slow_bed(
 ) -> Iterator[Callable[..., TestBed]]:
     beds: list[TestBed] = []
 
-    def make(*, readiness_blind: bool = False, pods: ReconcilerFactory | None = None) -> TestBed:
-        pods = pods or delayed_pods(readiness_blind=readiness_blind)
+    def make(
+        *,
+        readiness_blind: bool = False,
+        unready_gate: Gate | None = None,
+        pods: ReconcilerFactory | None = None,
+    ) -> TestBed:
+        gate = unready_gate or Gate(opened=True)
+        pods = pods or delayed_pods(readiness_blind=readiness_blind, unready_gate=gate)
         bed = TestBed(kube_api, namespace, control_plane.kubeconfig_path, reconcilers=Reconcilers(pod=pods))
         beds.append(bed)
         return bed
@@ -125,17 +161,19 @@ def test_the_barrier_exposes_a_defect_that_a_delayed_pod_handler_hides(
     slow_bed: Callable[..., TestBed],
 ) -> None:
     """Same EPP, same write, same check: passes unsettled, fails settled. The difference is the point."""
-    bed = slow_bed(readiness_blind=True)
+    gate = Gate()
+    bed = slow_bed(readiness_blind=True, unready_gate=gate)
     serving(bed, "p1")
 
-    # Back as soon as the API says Running (not once the simulator listens, which may take longer
-    # than the handler's delay on a loaded box): the unsettled look below comes first.
     bed.cluster.add_pods([bed.cluster.pod_body(UNREADY, ready=False)], ready=False, listening=False)
 
-    # Without the barrier: the check passes, on a view that has not applied the write (vacuous).
+    # Without the barrier: the check passes, on a view that has not applied the write (vacuous). The
+    # handler holds the pod's key until the gate opens, so this look comes first however slow the box
+    # (a 500 ms delay alone lost that race once in CI).
     unsettled = bed.view()
     unready_pod_not_routed(unsettled)
     assert not applied_the_pod_write(bed, unsettled)
+    gate.open()
 
     # With the barrier: the same check on a view that has applied it finds the defect.
     settled = bed.settled()
