@@ -49,6 +49,7 @@ from epp.scheduling.scorers import (
     LORA_WAITING,
     Scores,
     predicted_ttft_scores,
+    prefix_holders,
 )
 
 # A dense column: every pod's weighted score, in pod order.
@@ -233,12 +234,7 @@ class CompiledProfile:
             return [0.0] * len(pods)
         sparse = self._sparse_prefix
         if sparse is not None and request.prefix_blocks > 0 and request.prefix_matches:
-            index = self._keys.of(pods)
-            if index is None:
-                return list(map(add, totals, _prefix(request, pods, ms, sparse)))
             scale = 1.0 / request.prefix_blocks
-            for key, blocks in request.prefix_matches.items():
-                i = index.get(key)
-                if i is not None:
-                    totals[i] = totals[i] + sparse * (blocks * scale)
+            for i, blocks in prefix_holders(request.prefix_matches, pods, self._keys.of(pods)):
+                totals[i] = totals[i] + sparse * (blocks * scale)
         return totals

@@ -50,7 +50,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from epp.api.types import EndpointKey
 from epp.config import (
@@ -157,6 +157,26 @@ def last_routed_scores(request: LLMRequest, pods: Sequence[PodMetrics]) -> Score
     return [(newest - last if newest - last < n else n) / n for last in lasts]
 
 
+def prefix_holders(
+    matches: Mapping[EndpointKey, int],
+    pods: Sequence[PodMetrics],
+    index: Mapping[EndpointKey, int] | None,
+) -> Iterator[tuple[int, int]]:
+    """(position in `pods`, blocks held) of each pod holding a prefix of the prompt: through `index`
+    (`columns.KeyIndex`), one lookup per holder, usually a handful of the pods; without one (a key
+    repeats, or none is kept), by walking every pod."""
+    if index is not None:
+        for key, blocks in matches.items():
+            i = index.get(key)
+            if i is not None and blocks:
+                yield i, blocks
+    else:
+        for i, p in enumerate(pods):
+            blocks = matches.get(p.pod.key, 0)
+            if blocks:
+                yield i, blocks
+
+
 def predicted_ttft_scores(
     request: LLMRequest,
     pods: Sequence[PodMetrics],
@@ -213,15 +233,9 @@ def predicted_ttft_scores(
     matches = request.prefix_matches
     if request.prefix_blocks > 0 and matches:
         block_tokens = block_chars / CHARS_PER_TOKEN
-        holders = (
-            ((i, blocks) for key, blocks in matches.items() if (i := index.get(key)) is not None)
-            if index is not None
-            else ((i, matches.get(p.pod.key, 0)) for i, p in enumerate(pods))
-        )
-        for i, blocks in holders:
-            if blocks:
-                uncached = own - blocks * block_tokens
-                predicted[i] = ahead[i] + (mine + per_prefill * (uncached if uncached > 0.0 else 0.0))
+        for i, blocks in prefix_holders(matches, pods, index):
+            uncached = own - blocks * block_tokens
+            predicted[i] = ahead[i] + (mine + per_prefill * (uncached if uncached > 0.0 else 0.0))
     best = min(predicted)
     return [best / t for t in predicted]
 
