@@ -140,7 +140,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=(),
         metavar="V1,V2",
         help="also run the EPP configured as each variant (an ablation): filter-tree, scorer, "
-        "no-<scorer> or only-<scorer> with scorer one of queue, kv_cache, prefix, lora, in_flight",
+        "no-<scorer> or only-<scorer> with scorer one of queue, kv_cache, prefix, lora, in_flight, "
+        "last_routed, predicted_ttft; or v1-gateway (the default EPP behind upstream's v1 Envoy set-up, "
+        "response bodies to the EPP, so the predicted-TTFT scorer decides)",
     )
     routing.add_argument(
         "--epp-peer",

@@ -520,16 +520,23 @@ SCORER_WEIGHT_ENV = {
 }
 
 
+V1_GATEWAY = "v1-gateway"
+
+
 def epp_variant(variant: str, epp_args: Sequence[str] = ()) -> EppPolicy:
     """An EPP configured differently, for ablations: ``filter-tree``, ``scorer``, ``no-<scorer>``
-    (the scorer scheduler with that scorer's weight 0) or ``only-<scorer>`` (every other weight 0)."""
+    (the scorer scheduler with that scorer's weight 0), ``only-<scorer>`` (every other weight 0), or
+    ``v1-gateway``: the default EPP behind upstream's v1 set-up (`EnvoyOptions.v1()`), whose response
+    bodies reach the EPP, so the predicted-TTFT scorer decides (see `EppPolicy` for its CPU cost here)."""
+    if variant == V1_GATEWAY:
+        return EppPolicy(f"epp[{variant}]", epp_args=tuple(epp_args), envoy=EnvoyOptions.v1())
     args = [a for a in epp_args if not a.startswith("--scheduler")]
     if variant in ("filter-tree", "scorer"):
         return EppPolicy(f"epp[{variant}]", epp_args=(*args, f"--scheduler={variant}"))
     kind, _, scorer = variant.partition("-")
     if kind not in ("no", "only") or scorer not in SCORER_WEIGHT_ENV:
         known = ", ".join(f"no-{s}, only-{s}" for s in SCORER_WEIGHT_ENV)
-        raise ValueError(f"unknown EPP variant {variant!r}: filter-tree, scorer, {known}")
+        raise ValueError(f"unknown EPP variant {variant!r}: filter-tree, scorer, {known}, {V1_GATEWAY}")
     if kind == "no":
         env = {SCORER_WEIGHT_ENV[scorer]: "0"}
     else:

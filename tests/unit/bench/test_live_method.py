@@ -12,7 +12,7 @@ import pytest
 from harness.cli.bench import report
 from harness.cli.bench.cli import live_workload_name
 from harness.cli.bench.loadgen import Outcome
-from harness.cli.bench.policies import LeastOutstandingPolicy, PoolView, epp_peer_name
+from harness.cli.bench.policies import LeastOutstandingPolicy, PoolView, epp_peer_name, epp_variant
 from harness.cli.bench.runner import (
     DEFAULT_SIM,
     BenchConfig,
@@ -23,6 +23,7 @@ from harness.cli.bench.runner import (
 )
 from harness.cli.bench.stats import RunResult
 from harness.cli.bench.workload import TraceRequest
+from harness.dataplane.envoy import EnvoyOptions
 
 
 def request(index: int, at: float) -> TraceRequest:
@@ -122,3 +123,17 @@ def test_the_live_workload_is_named_with_the_adapters_most_of_its_requests_go_to
     base_only = replace(default_workload(), base_share=1.0)
     assert live_workload_name("sharegpt", "poisson", base_only, DEFAULT_SIM) == "sharegpt"
     assert live_workload_name("sharegpt", "gamma", base_only, DEFAULT_SIM) == "sharegpt, gamma arrivals"
+
+
+def test_the_v1_gateway_variant_is_the_default_epp_behind_upstreams_v1_envoy() -> None:
+    """Its response bodies reach the EPP (so the predicted-TTFT scorer decides); its flags are the
+    run's own, with no scheduler or weight of the variant's."""
+    policy = epp_variant("v1-gateway", ["--refresh-metrics-interval=100ms"])
+    assert policy.name == "epp[v1-gateway]"
+    assert policy.envoy == EnvoyOptions.v1()
+    assert policy.envoy.response_body_mode == "FULL_DUPLEX_STREAMED"
+    assert list(policy.epp_args) == ["--refresh-metrics-interval=100ms"]
+    assert policy.epp_env == {}
+    assert epp_variant("no-prefix").envoy == EnvoyOptions(), "other variants keep the default gateway"
+    with pytest.raises(ValueError, match="v1-gateway"):
+        epp_variant("v2-gateway")
