@@ -151,6 +151,7 @@ def main() -> int:
                     + [
                         report.ms(median_of(live, policy, load, "path_overhead")),
                         f"{median_of(live, policy, load, 'lag'):.1%}",
+                        report.ms_fine(median_of(live, policy, load, "behind")),
                     ]
                 )
     print_table(
@@ -165,6 +166,7 @@ def main() -> int:
             Column("live at the server"),
             Column("live path"),
             Column("live CPU lag"),
+            Column("live behind"),
         ),
         rows,
     )

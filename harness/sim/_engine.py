@@ -65,6 +65,11 @@ class Counters:
     # Time to first token as the engine sees it (arrival at the server to first token), summed.
     ttft_sum_s: float = 0.0
     first_tokens: int = 0
+    # How far behind the wall clock the step loop ran while it caught up (within MAX_CATCH_UP_S, so
+    # not in `late_s`), times each step's duration, summed: / `busy_s` is the mean lag, simulated
+    # seconds. The engine's own timeline keeps to simulated time, but whoever watches it (scrapes,
+    # the proxy, the client) sees each step that much late.
+    behind_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +151,7 @@ class Engine:
         self._preemptions = 0
         self._busy_s = 0.0
         self._late_s = 0.0
+        self._behind_s = 0.0
         self._lora_loads = 0
         self._ttft_sum_s = 0.0
         self._first_tokens = 0
@@ -183,6 +189,7 @@ class Engine:
             self._lora_loads,
             self._ttft_sum_s,
             self._first_tokens,
+            self._behind_s,
         )
 
     def recent_ttfts(self) -> tuple[float, ...]:
@@ -405,6 +412,7 @@ class Engine:
                 finally:
                     self._step = None
                 self._busy_s += end - start
+                self._behind_s += max(0.0, now - start) * (end - start)
                 resume = end
                 self._complete(step, end)
         finally:

@@ -49,11 +49,17 @@ COLUMNS = (
     Column("prefix hits"),
     Column("path"),
     Column("CPU lag"),
+    Column("behind"),
 )
 
 
 def ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value * 1000:.0f} ms" if value < 10 else f"{value:.1f} s"
+
+
+def ms_fine(value: float) -> str:
+    """Seconds as milliseconds with one decimal: for figures that matter well below a millisecond."""
+    return "-" if math.isnan(value) else f"{value * 1000:.1f} ms"
 
 
 def _pct(value: float) -> str:
@@ -96,6 +102,7 @@ def rows(result: BenchResult, loads: Sequence[float] | None = None) -> list[list
                     _pct(agg["prefix_hit_rate"].median),
                     ms(agg["path_overhead"].median),
                     _pct(agg["lag"].median),
+                    ms_fine(agg["behind"].median),
                 ]
             )
     return out

@@ -255,6 +255,8 @@ def replay_once(
         per_pod=pool.served_per_pod(),
         slo=config.slo,
         late_s=sum(a.late_s - b.late_s for a, b in pairs),
+        behind_s=sum(a.behind_s - b.behind_s for a, b in pairs),
+        busy_s=sum(a.busy_s - b.busy_s for a, b in pairs),
         prefix_hit_rate=hits / queried if queried else math.nan,
         server_ttft_mean=statistics.fmean(server_ttfts) if server_ttfts else math.nan,
         server_ttfts=server_ttfts,

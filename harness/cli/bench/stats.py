@@ -50,6 +50,11 @@ class RunResult:
     # Share of the run's simulated time the simulators' steps ran late because the host was busy
     # (averaged over pods). Above a few percent, latencies include this machine's CPU contention.
     lag: float = 0.0
+    # Mean simulated seconds the simulators' step loops ran behind the wall clock while catching up,
+    # below what counts as lag (`Counters.behind_s`): what the EPP's scrapes, the proxy and the client
+    # see late. Well under a step on a host with room; a large share of one means the host shapes
+    # the figures (the policies that read the pods' state the most, the most).
+    behind: float = 0.0
     # Mean TTFT as the client saw it and as the model servers saw it (arrival to first token): the
     # difference is what the path in between (proxy, router) added.
     ttft_mean: float = math.nan
@@ -110,6 +115,8 @@ def summarize(
     per_pod: Sequence[int],
     slo: Slo,
     late_s: float = 0.0,
+    behind_s: float = 0.0,
+    busy_s: float = 0.0,
     server_ttft_mean: float = math.nan,
     server_ttfts: Sequence[float] = (),
     prefix_hit_rate: float = math.nan,
@@ -148,6 +155,7 @@ def summarize(
         per_pod=list(per_pod),
         wall_s=span_wall_s,
         lag=late_s / (span * max(1, len(per_pod))),
+        behind=behind_s / busy_s if busy_s > 0 else 0.0,
         ttft_mean=statistics.mean(ttfts) if ttfts else math.nan,
         server_ttft_mean=server_ttft_mean,
         server_ttft=_percentiles(server_ttfts),
@@ -192,6 +200,7 @@ AGGREGATED: Mapping[str, Any] = {
     "error_rate": lambda r: r.errors / max(1, r.requests),
     "imbalance": lambda r: r.imbalance,
     "lag": lambda r: r.lag,
+    "behind": lambda r: r.behind,
     "path_overhead": lambda r: r.path_overhead,
     "server_ttft_p90": lambda r: r.server_ttft.get("p90", math.nan),
     "prefix_hit_rate": lambda r: r.prefix_hit_rate,

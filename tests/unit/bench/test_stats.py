@@ -63,6 +63,16 @@ def test_summarize_converts_to_simulated_time_and_counts_goodput() -> None:
     assert run.imbalance == pytest.approx(3.0)  # busiest pod 3 against a mean of 1
 
 
+def test_how_far_behind_the_engines_ran_is_their_lag_weighted_by_step_time() -> None:
+    """`behind` is the pods' summed (lag x step duration) over their summed step time: the mean
+    number of simulated seconds an observer saw the engines late; no step time, nothing to say."""
+    common = {"time_scale": 3.0, "span_wall_s": 3.0, "arrivals": [0.0, 1.0], "per_pod": [1, 1]}
+    behind = summarize("p", 0.9, 0, [], **common, slo=Slo(1.0, 0.05), behind_s=0.004, busy_s=1.6)  # type: ignore[arg-type]
+    assert behind.behind == pytest.approx(0.0025)
+    idle = summarize("p", 0.9, 0, [], **common, slo=Slo(1.0, 0.05))  # type: ignore[arg-type]
+    assert idle.behind == 0.0
+
+
 def run(policy: str, load: float, p90: float, goodput: float = 10.0, repeat: int = 0) -> RunResult:
     pct = {"p50": p90 / 2, "p90": p90, "p99": p90 * 2}
     return RunResult(policy, load, repeat, 100, 100, 0, 0, pct, pct, pct, 10.0, 100.0, goodput, 1.0)

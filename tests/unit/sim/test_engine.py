@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 import pytest
 
@@ -26,6 +27,9 @@ TIMING = {
     "context_token_s": 0.0,
     "lora_load_s": 0.5,
 }
+# Holds the loop up for less than the engine's catch-up allowance (MAX_CATCH_UP_S, 50 ms), with room
+# to spare for a busy host.
+HOLD_S = 0.025
 
 
 def engine(**overrides: object) -> Engine:
@@ -328,3 +332,22 @@ async def test_oracle_estimate_grows_with_the_work_ahead(closing: list[Engine]) 
     assert idle == pytest.approx(0.01 + 10 * 0.001)
     assert loaded > idle + 90 * 0.01  # waits for ~99 more decode steps of the running request
     assert cold_adapter == pytest.approx(loaded + 0.5)
+
+
+async def test_steps_run_behind_the_wall_clock_while_catching_up_are_counted_apart_from_lag(
+    closing: list[Engine],
+) -> None:
+    """A loop held up for less than the catch-up allowance (MAX_CATCH_UP_S) loses no simulated time,
+    so `late_s` cannot show it; the steps that follow ran behind the wall clock, and `behind_s` says
+    by how much (each step's lag times its duration)."""
+    eng = engine(time_scale=1.0, **TIMING)  # one simulated second per wall second; 12 ms decode steps
+    closing.append(eng)
+    run = submit(eng, max_tokens=30)
+    await run.next_token()
+    time.sleep(HOLD_S)  # noqa: ASYNC251 - on purpose: the loop is held up, no step can start on time
+    await drain(run)
+    counters = eng.counters()
+    step = TIMING["step_base_s"] + TIMING["decode_token_s"]
+    # The step due during the hold starts at least HOLD_S - step behind (more if the host adds to it).
+    assert counters.behind_s >= (HOLD_S - step) / 2 * step, counters
+    assert counters.busy_s > 0
