@@ -20,6 +20,7 @@ scale 6 the same traces agree within 2% (10 repeats).
     .venv/bin/python benchmarks/bench_cross_validation.py                  # 4 pods, 3 x 600 requests at 0.9x
     .venv/bin/python benchmarks/bench_cross_validation.py --pods 8 --requests 800 --loads 0.8,0.9
     .venv/bin/python benchmarks/bench_cross_validation.py --time-scale 3   # the routing bench's own clock
+    .venv/bin/python benchmarks/bench_cross_validation.py --with-oracle    # the engines' own check too
 """
 
 from __future__ import annotations
@@ -102,6 +103,13 @@ def main() -> int:
     parser.add_argument("--tolerance", type=float, default=0.15)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--with-oracle",
+        action="store_true",
+        help="also run the oracle, live and twinned (a row of its own, no ratio): it reads the engines' "
+        "state in the bench's process, so where it agrees and the EPP does not, the engines are not "
+        "what departs",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=CAPACITY_MIN_TIME_SCALE,
@@ -117,7 +125,7 @@ def main() -> int:
         loads=loads,
         repeats=args.repeats,
         requests=args.requests,
-        policies=(report.EPP, *PEERS),
+        policies=(report.EPP, *PEERS, *((report.ORACLE,) if args.with_oracle else ())),
         workload=default_workload(),
         sim=replace(DEFAULT_SIM, time_scale=args.time_scale),
         seed=args.seed,
