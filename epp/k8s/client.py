@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.tracing import Trace
 
 from epp.k8s.config import KubeConfig
 from epp.k8s.errors import ApiError, GoneError, KubeConnectionError, WatchStalledError
@@ -80,10 +82,13 @@ class KubeClient:
         self._config = config
         self._request_timeout = request_timeout
         self._session: aiohttp.ClientSession | None = None
-        # Connections a watch abandoned mid-stream (cancelled, stopped early): aiohttp closes them
-        # without waiting, and over TLS the close_notify exchange still needs the loop. `close()`
-        # waits for them, so an owner that closes the loop next never leaves a half-closed socket.
-        self._closing: dict[asyncio.Future[None], asyncio.Transport] = {}
+        # Every connection not yet fully closed, from its creation to its connection_lost (then
+        # forgotten: the books never grow past the connections open). aiohttp closes a connection
+        # without waiting — after each response (force_close), when a watch is abandoned — and over
+        # TLS the close_notify exchange still needs the loop; its connector's own close() waits only
+        # for the connections still in use. `close()` waits for all of these, so an owner that closes
+        # the loop next never leaves a half-closed socket to the garbage collector.
+        self._open: dict[asyncio.Future[None], asyncio.Transport] = {}
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -97,10 +102,10 @@ class KubeClient:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-        if self._closing:
-            await asyncio.wait(set(self._closing), timeout=CLOSE_GRACE)
+        if self._open:
+            await asyncio.wait(set(self._open), timeout=CLOSE_GRACE)
         # Whatever is still closing has a peer that will not answer the TLS close: drop it.
-        for closed, transport in list(self._closing.items()):
+        for closed, transport in list(self._open.items()):
             transport.abort()
             await asyncio.wait({closed}, timeout=CLOSE_GRACE)
 
@@ -155,12 +160,11 @@ class KubeClient:
         )
         timeout = aiohttp.ClientTimeout(total=None, connect=self._request_timeout, sock_read=idle)
         url = self._config.server + resource.path(namespace)
-        handler: ResponseHandler | None = None
         transport: asyncio.Transport | None = None
         try:
             async with self._session_get().get(url, params=params, timeout=timeout, **self._extra()) as resp:
-                handler = resp.connection.protocol if resp.connection is not None else None
-                transport = handler.transport if handler is not None else None
+                protocol = resp.connection.protocol if resp.connection is not None else None
+                transport = protocol.transport if protocol is not None else None
                 if resp.status != 200:
                     raise await _api_error(resp)
                 pending = bytearray()
@@ -180,21 +184,16 @@ class KubeClient:
             raise WatchStalledError(f"watch {url}: nothing read for {idle:g}s") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubeConnectionError(f"watch {url}: {exc!r}") from exc
-        finally:
-            if handler is not None and transport is not None:
-                self._track_closing(handler, transport)
 
-    def _track_closing(self, handler: ResponseHandler, transport: asyncio.Transport) -> None:
-        """Remember a connection still closing after its response ended (see `_closing`)."""
-        if handler.transport is not None and not transport.is_closing():
-            return  # still open: whoever holds it closes it
+    def _opened(self, handler: ResponseHandler) -> None:
+        """Follow a new connection until it has closed (see `_open`)."""
         closed = handler.closed  # None once the connection is fully gone
-        if closed is not None and not closed.done():
-            self._closing[closed] = transport
-            closed.add_done_callback(self._closing_done)
+        if handler.transport is not None and closed is not None and not closed.done():
+            self._open[closed] = handler.transport
+            closed.add_done_callback(self._closed)
 
-    def _closing_done(self, closed: asyncio.Future[None]) -> None:
-        self._closing.pop(closed, None)
+    def _closed(self, closed: asyncio.Future[None]) -> None:
+        self._open.pop(closed, None)
         if not closed.cancelled():
             # A stream we walked away from ends in a TLS error (data after close_notify): expected.
             closed.exception()
@@ -251,7 +250,9 @@ class KubeClient:
         if self._session is None:
             # force_close: a connection per request, never a pooled one that may be half-open
             # (module docstring).
-            connector = aiohttp.TCPConnector(ssl=self._config.ssl_context or True, force_close=True)
+            connector = _FollowedConnector(
+                self._opened, ssl=self._config.ssl_context or True, force_close=True
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector, headers={"Accept": "application/json", "User-Agent": USER_AGENT}
             )
@@ -266,6 +267,24 @@ class KubeClient:
         if self._config.tls_server_name:
             extra["server_hostname"] = self._config.tls_server_name
         return extra
+
+
+class _FollowedConnector(aiohttp.TCPConnector):
+    """A TCP connector that reports each connection it opens, so its close can be followed."""
+
+    def __init__(self, on_open: Callable[[ResponseHandler], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._on_open = on_open
+
+    async def _create_connection(
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature, overridden)
+    ) -> ResponseHandler:
+        handler = await super()._create_connection(req, traces, timeout)
+        self._on_open(handler)
+        return handler
 
 
 def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""The leak guard really fails tests that leave tasks, threads, processes or temp dirs behind.
+"""The leak guard really fails tests that leave tasks, threads, processes or temp dirs behind, and
+blames a socket left unclosed on the cluster test that left it.
 
 The leaking tests run in an inner pytest subprocess, so what they leak dies with that process.
 """
@@ -15,7 +16,7 @@ import pytest
 from harness.base import guards
 
 LEAKY_TESTS = """
-import asyncio, subprocess, tempfile, threading, time
+import asyncio, socket, subprocess, tempfile, threading, time
 import pytest
 from harness.base.process import temp_prefix
 
@@ -35,7 +36,7 @@ def test_leaks_task():
     test_leaks_task.loop = loop  # keep it alive and never close it
 
 def test_leaks_process():
-    subprocess.Popen(["sleep", "300"])
+    test_leaks_process.process = subprocess.Popen(["sleep", "300"])  # kept: collected, it would warn later
 
 def test_leaks_temp_dir():
     tempfile.mkdtemp(prefix=temp_prefix("leak"))
@@ -47,6 +48,14 @@ def test_cleaned_up_process_is_not_a_leak():
     process = subprocess.Popen(["sleep", "300"])
     process.kill()
     process.wait()
+
+@pytest.fixture
+def control_plane():  # stands in for the plugin's: a test on the cluster has its garbage collected
+    return None
+
+def test_leaks_a_socket_only_the_collector_finds(control_plane):
+    cycle = [socket.socket()]
+    cycle.append(cycle)  # unreachable once the test returns, freed by no reference count
 
 @pytest.mark.harness_allow_leaks
 def test_opted_out():
@@ -66,7 +75,8 @@ def leaky_run(tmp_path_factory: pytest.TempPathFactory) -> LeakyRun:
     directory = tmp_path_factory.mktemp("leaky")
     (directory / "test_leaky.py").write_text(LEAKY_TESTS)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rN", "test_leaky.py"],
+        # -W error: as this project's own configuration (an unclosed socket is an error)
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rN", "-W", "error", "test_leaky.py"],
         cwd=directory,
         capture_output=True,
         text=True,
@@ -92,9 +102,16 @@ def test_guard_fails_leaking_test(leaky_run: LeakyRun, test_name: str, leak: str
     assert leak in report
 
 
+def test_a_socket_left_for_the_collector_fails_the_cluster_test_that_left_it(leaky_run: LeakyRun) -> None:
+    section = leaky_run.output.split("ERROR at teardown of test_leaks_a_socket_only_the_collector_finds", 1)
+    assert len(section) == 2, leaky_run.output
+    report = section[1].split("\n", 1)[1].split("____", 1)[0]
+    assert "unclosed <socket.socket" in report, report
+
+
 def test_guard_passes_clean_tests(leaky_run: LeakyRun) -> None:
-    # every call passes; exactly the four leaking tests fail, at teardown
-    assert "8 passed, 4 errors" in leaky_run.summary, leaky_run.output
+    # every call passes; exactly the five leaking tests fail, at teardown
+    assert "9 passed, 5 errors" in leaky_run.summary, leaky_run.output
     for name in ("test_clean", "test_thread_ending", "test_cleaned_up_process", "test_opted_out"):
         assert f"ERROR at teardown of {name}" not in leaky_run.output
 

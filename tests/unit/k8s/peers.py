@@ -16,7 +16,9 @@ from typing import cast
 
 from harness.cluster.certs import TinyCA
 
+CONDUCTS = ("silent", "hang-up", "watch", "late-watch", "deaf-watch", "deaf-get", "stalled-watch")
 WATCH_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+AN_OBJECT = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 ONE_EVENT = b'{"type": "ADDED", "object": {"metadata": {"name": "p1", "resourceVersion": "5"}}}\n'
 
 
@@ -34,11 +36,13 @@ class Peer:
     - ``late-watch``: answers a watch, sends its one event after half a second, and ends it;
     - ``deaf-watch``: answers a watch with one event, then stops reading, so a TLS close_notify
       is never answered;
+    - ``deaf-get``: answers any request with a whole JSON object, then stops reading (the same
+      unanswered close, after a request that ended normally);
     - ``stalled-watch``: answers a watch, sends nothing more and stops reading.
     """
 
     def __init__(self, conduct: str, ssl_context: ssl.SSLContext | None = None) -> None:
-        assert conduct in ("silent", "hang-up", "watch", "late-watch", "deaf-watch", "stalled-watch"), conduct
+        assert conduct in CONDUCTS, conduct
         self.conduct = conduct
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
@@ -82,9 +86,12 @@ class Peer:
             await writer.drain()
             writer.close()
             return
-        writer.write(WATCH_HEAD if self.conduct == "stalled-watch" else WATCH_HEAD + chunk(ONE_EVENT))
+        if self.conduct == "deaf-get":
+            writer.write(AN_OBJECT)
+        else:
+            writer.write(WATCH_HEAD if self.conduct == "stalled-watch" else WATCH_HEAD + chunk(ONE_EVENT))
         await writer.drain()
-        if self.conduct in ("deaf-watch", "stalled-watch"):
+        if self.conduct in ("deaf-watch", "deaf-get", "stalled-watch"):
             cast(asyncio.Transport, writer.transport).pause_reading()
             return
         await reader.read()  # until the client closes (TLS: its close_notify, answered in kind)
