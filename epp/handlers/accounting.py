@@ -152,14 +152,19 @@ class Accounting:
         pod: PodMetrics,
         target_model: str,
         query: PrefixQuery,
+        prompt_tokens: int = 0,
+        first_byte_reported: bool = True,
     ) -> Dispatch | None:
         """A fallback served the request ``dispatch`` counted on its pick: move it to ``pod``.
 
         The in-flight count goes with the request, and the prompt's prefix is remembered on the pod
         that really holds it now (the pick's entry stays: the index forgets by age, not by request).
+        ``prompt_tokens`` and ``first_byte_reported`` are what `routed` was given for the pick, used
+        when the pick had left before it was counted (``dispatch`` None), so the fallback still
+        carries the prompt's size.
         """
         if dispatch is None:
-            return self.routed(pod, target_model, query)  # the pick had left: its size is not known
+            return self.routed(pod, target_model, query, prompt_tokens, first_byte_reported)
         if dispatch.pod == pod.pod.key:
             return dispatch
         self.finished(dispatch)

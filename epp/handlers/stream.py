@@ -628,7 +628,9 @@ class ExtProcStream:
         if served is None:
             log.debug("served by %s, which is not among the endpoints sent: ignored", endpoint)
             return
-        self._in_flight = self._deps.accounting.served_by(self._in_flight, served, target, prefix)
+        self._in_flight = self._deps.accounting.served_by(
+            self._in_flight, served, target, prefix, self._prompt_tokens, self._response_body_sent
+        )
 
     def _response_headers(self, msg: pb.HttpHeaders) -> None:
         for header in msg.headers.headers:

@@ -49,12 +49,15 @@ POOL_PORT = 8000
 
 class ScriptedScheduler:
     """Ranks the pod named `pick` at rank `pick_rank` first (else the first pod), the others after it
-    in their order, or raises `error`; records every request, the candidates it was given and the limit."""
+    in their order, or raises `error`; records every request, the candidates it was given and the limit;
+    runs `meanwhile` (if set) as it ranks."""
 
     def __init__(self) -> None:
         self.pick: str | None = None
         self.pick_rank = 0
         self.error: BaseException | None = None
+        # Run while ranking: what happens between the candidates' snapshot and the pick's count.
+        self.meanwhile: Callable[[], None] | None = None
         self.requests: list[LLMRequest] = []
         self.candidates: list[list[str]] = []
         self.limits: list[int] = []
@@ -63,6 +66,8 @@ class ScriptedScheduler:
         self.requests.append(request)
         self.candidates.append([p.pod.key.name for p in pods])
         self.limits.append(limit)
+        if self.meanwhile is not None:
+            self.meanwhile()
         if self.error is not None:
             # A fresh exception each time: a stored one would keep its traceback's frames (and with
             # them the gRPC server) alive in a reference cycle after the test.

@@ -4,6 +4,7 @@ stream ends (Envoy ends it when the HTTP exchange is over), and its prompt prefi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -13,13 +14,14 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.api.types import NamespacedName
 from epp.datastore import PodMetrics
-from epp.handlers.accounting import Accounting
+from epp.handlers.accounting import Accounting, prompt_token_estimate
 from epp.handlers.served import SERVED_KEY, SERVED_NAMESPACE
 from epp.scheduling.prefix import block_hashes
 from harness.base.eventually import eventually_async
 
-from .support import Env, body, exchange, headers, serving
+from .support import NS, Env, body, exchange, headers, serving
 
 LONG_PROMPT = "You are a helpful assistant. " * 10  # 290 characters: 4 full 64-character blocks
 COMPLETION = {"model": "food-review", "prompt": LONG_PROMPT, "max_tokens": 8}
@@ -271,6 +273,29 @@ def test_the_endpoint_that_served_holds_the_request_and_its_prefix(
     assert noted == (
         [f"served by {served}, which is not among the endpoints sent: ignored"] if unknown else []
     )
+
+
+def test_a_fallback_that_served_a_pick_gone_before_it_was_counted_carries_the_prompt() -> None:
+    """The pick left between the candidates' snapshot and its count, so nothing was counted for it;
+    the fallback that served counts the request with its prompt's size, as the pick would have."""
+    e = env()
+    e.fallbacks = 1
+    e.scheduler.pick = "pod-1"
+    e.scheduler.meanwhile = lambda: e.datastore.pod_delete(NamespacedName(NS, "pod-1"))
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            call = await routed(channel)
+            assert pod(e, "pod-2").dispatched.count == 0
+            await call.write(served_report("10.0.0.2:8000"))
+            await call.read()
+            flight = pod(e, "pod-2").dispatched
+            sent = len(json.dumps(COMPLETION).encode())  # the body `routed` sent, as `body` encodes it
+            assert (flight.count, flight.prompt_tokens) == (1, prompt_token_estimate(sent))
+            await call.done_writing()
+            await released(e, "pod-2")
+
+    asyncio.run(scenario())
 
 
 def test_a_request_never_routed_and_a_lone_pick_report_release_nothing_wrongly(
