@@ -6,8 +6,8 @@ the ways a network does, without touching either process.
   middlebox that held it restarts or a peer vanishes behind a NAT, and TCP keepalive cannot see it
   (the proxy answers the probes). Connections opened afterwards are forwarded normally, as a new
   connection would reach a live server again: only a client that notices the dead one recovers.
-* `cut()`: every open connection is closed and new ones are refused until `restore()` (the same
-  port listens again): a partition.
+* `cut()`: every open connection is closed (one still reaching the upstream too) and new ones are
+  refused until `restore()` (the same port listens again): a partition.
 * `stop()`: closes everything and joins the proxy's thread.
 
 One thread with its own event loop; the connections are touched only on that loop. The port is
@@ -221,10 +221,19 @@ class TcpProxy(StartStop):
         return len(links)
 
     async def _cut(self) -> int:
+        """Stop accepting, abandon the connections still reaching the upstream, close the rest.
+
+        In that order: a connection whose upstream connect completed while the open ones were being
+        closed would otherwise become a link after them, forwarded through a cut proxy (and, in a
+        stop, left open to the GC)."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
+        connecting, self._connecting = self._connecting, set()
+        for task in connecting:
+            task.cancel()
+        await asyncio.gather(*connecting, return_exceptions=True)
         links, self._links = self._links, set()
         for link in links:
             await link.close()
@@ -232,10 +241,6 @@ class TcpProxy(StartStop):
 
     async def _close_all(self) -> None:
         await self._cut()
-        connecting, self._connecting = self._connecting, set()
-        for task in connecting:
-            task.cancel()
-        await asyncio.gather(*connecting, return_exceptions=True)
         frozen, self._frozen = self._frozen, set()
         for link in frozen:
             await link.close()

@@ -109,6 +109,23 @@ def test_stop_closes_frozen_connections(echo: int) -> None:
     gc.collect()
 
 
+def test_a_cut_closes_a_connection_whose_upstream_is_still_being_opened() -> None:
+    """A partition cuts every connection, the half-made one too: left to finish its connect after the
+    cut, it would be forwarded through a proxy that is meant to be cut off (and, made during a stop,
+    be left open to the GC)."""
+    with contextlib.ExitStack() as stack:
+        proxy = stack.enter_context(TcpProxy(LOOPBACK, unaccepting_port(stack)))
+        client = stack.enter_context(connect(proxy))
+
+        def connecting() -> None:
+            assert proxy.connecting == 1
+
+        eventually(connecting, timeout=TIMEOUT_S)
+        proxy.cut()
+        assert client.recv(1) == b"", "the client's connection is closed"
+        assert proxy.connecting == 0
+
+
 def test_a_stop_while_an_upstream_connection_is_being_opened_leaves_no_socket() -> None:
     """The EPP reconnects all the time (short watches): a stop can fall between accepting a client
     and reaching the upstream. That half-made connection is abandoned cleanly, not left to the GC
