@@ -16,15 +16,13 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
+from epp.api.types import V1_GROUP, V1_VERSION, V1ALPHA2_GROUP, V1ALPHA2_VERSION
+
 DEFAULT_CRD_RELEASE: Final = "v0.3.0"
 CRD_RELEASE_ENV: Final = "EPP_HARNESS_CRD_RELEASE"
 RELEASES: Final = ("v0.3.0", "v1.0.0", "v1.1.0", "v1.2.0", "v1.3.0", "v1.4.0", "v1.5.0", "v1.6.0")
 # The newest release that still ships InferenceObjective and InferenceModelRewrite.
 LAST_WITH_OBJECTIVES: Final = "v1.5.0"
-OPTIONAL_KIND_FILES: Final = (
-    "inference.networking.x-k8s.io_inferenceobjectives.yaml",
-    "inference.networking.x-k8s.io_inferencemodelrewrites.yaml",
-)
 
 
 @dataclass(frozen=True)
@@ -53,10 +51,16 @@ class Generation:
         return tuple(f"{kind.lower()}s" for kind in self.model_kinds)
 
 
-# InferenceModel (v1alpha2 clusters), InferenceObjective and InferenceModelRewrite (v1 clusters).
-MODEL_KINDS_GROUP: Final = "inference.networking.x-k8s.io"
-MODEL_KINDS_VERSION: Final = "v1alpha2"
+# InferenceModel (v1alpha2 clusters), InferenceObjective and InferenceModelRewrite (v1 clusters). The
+# groups and versions are the EPP's own (`epp.api.types`, the one place they are spelled).
+MODEL_KINDS_GROUP: Final = V1ALPHA2_GROUP
+MODEL_KINDS_VERSION: Final = V1ALPHA2_VERSION
 MODEL_KINDS_API_VERSION: Final = f"{MODEL_KINDS_GROUP}/{MODEL_KINDS_VERSION}"
+# The CRD files of the optional kinds, as upstream names them (<group>_<plural>.yaml).
+OPTIONAL_KIND_FILES: Final = (
+    f"{MODEL_KINDS_GROUP}_inferenceobjectives.yaml",
+    f"{MODEL_KINDS_GROUP}_inferencemodelrewrites.yaml",
+)
 
 V1ALPHA2: Final = Generation(
     "v1alpha2",
@@ -68,8 +72,8 @@ V1ALPHA2: Final = Generation(
 )
 V1: Final = Generation(
     "v1",
-    "inference.networking.k8s.io",
-    "v1",
+    V1_GROUP,
+    V1_VERSION,
     ("InferenceObjective", "InferenceModelRewrite"),
     "inference_objective",
     "examples/cluster/vllm-sim-v1.yaml",
