@@ -47,13 +47,33 @@ def shared_stack_options(request: pytest.FixtureRequest) -> StackOptions:
     )
 
 
+def released(stack: Stack) -> None:
+    """Until the EPP counts no request in flight on any pod.
+
+    Envoy ends a request's ext_proc stream only after the response has reached the client, so the
+    next request can be ranked while the last one still counts on `pod-b`: the EPP then rightly
+    ranks `pod-c` second, and the list no longer says which endpoint is the first fallback. Each
+    request is sent once the last one's count is released: with the pinned gauges, the same ranking
+    each time.
+    """
+
+    def check() -> None:
+        pods = stack.datastore_view().get("pods") or []
+        counted = {p["name"]: p["inFlight"] for p in pods if p["inFlight"]}
+        assert not counted, f"the EPP still counts requests in flight: {counted}"
+
+    eventually(check, timeout=10.0, message="the EPP released the last request")
+
+
 def test_a_pick_that_refuses_the_connection_is_served_by_the_first_fallback(shared_stack: Stack) -> None:
     cluster = cluster_of(shared_stack)
     cluster.add_forged_pod(DEAD)
     cluster.add_pods([cluster.pod_body(FIRST_FALLBACK), cluster.pod_body(LAST)])
-    cluster.set_gauges(DEAD, waiting=0, kv_cache=0.0)
-    cluster.set_gauges(FIRST_FALLBACK, waiting=2, kv_cache=0.1)
-    cluster.set_gauges(LAST, waiting=6, kv_cache=0.5)
+    # Running pinned at 0 too: a scrape that caught a request of this test running on pod-b would
+    # make it look busy to the predicted-TTFT scorer, which then ranks pod-c second (seen in CI).
+    cluster.set_gauges(DEAD, waiting=0, running=0, kv_cache=0.0)
+    cluster.set_gauges(FIRST_FALLBACK, waiting=2, running=0, kv_cache=0.1)
+    cluster.set_gauges(LAST, waiting=6, running=0, kv_cache=0.5)
     wait_routable(shared_stack, [DEAD, FIRST_FALLBACK, LAST])
     # The ranking below rests on these queues: the first scrape may predate the pins.
     wait_queues_seen(shared_stack, {DEAD: 0, FIRST_FALLBACK: 2, LAST: 6})
@@ -72,9 +92,9 @@ def test_a_pick_that_refuses_the_connection_is_served_by_the_first_fallback(shar
             served.append(served_by(response.headers))
             # Envoy reports the served endpoint to the EPP on the response (metadata); never to the client.
             assert "x-gateway-destination-endpoint-served" not in response.headers
-    assert served == [endpoint(shared_stack, FIRST_FALLBACK)] * REQUESTS
+            released(shared_stack)
 
-    # The EPP did pick the dead pod first each time: the list Envoy walked starts with it.
+    # The lists the EPP sent, from Envoy's access log: what a wrong server is judged against.
     envoy = shared_stack.envoy
     assert envoy is not None
 
@@ -84,4 +104,6 @@ def test_a_pick_that_refuses_the_connection_is_served_by_the_first_fallback(shar
         return [e["destination_metadata"] for e in entries[-REQUESTS:]]
 
     lists = eventually(picks, timeout=5.0, message="Envoy flushed its access log")
+    assert served == [endpoint(shared_stack, FIRST_FALLBACK)] * REQUESTS, f"lists sent: {lists}"
+    # The EPP did pick the dead pod first each time: the list Envoy walked starts with it.
     assert all(p.split(",")[0] == endpoint(shared_stack, DEAD) for p in lists), lists
