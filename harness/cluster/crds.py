@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, Final
 
@@ -123,14 +123,26 @@ def load_crd_manifests(release: str | None = None) -> list[dict[str, Any]]:
     return manifests
 
 
-def install_crds(api_client: client.ApiClient, timeout: float = 30.0, release: str | None = None) -> None:
+def install_crds(
+    api_client: client.ApiClient,
+    timeout: float = 30.0,
+    release: str | None = None,
+    without: Collection[str] = (),
+) -> None:
     """Create or update the upstream CRDs, then wait until each is Established and listed by discovery.
 
-    Raises ``CrdInstallError`` when the server rejects a manifest or the CRDs are not served
-    within ``timeout`` seconds (the message names what is still missing).
+    ``without``: CRD names left out, for a cluster that never had those kinds (deleting a CRD
+    instead waits on the API server's finalizer, which can take longer than a test should wait).
+    Raises ``CrdInstallError`` when the server rejects a manifest, a name in ``without`` is not one
+    of the release's CRDs, or the CRDs are not served within ``timeout`` seconds (the message names
+    what is still missing).
     """
     deadline = time.monotonic() + timeout
     manifests = load_crd_manifests(release)
+    unknown = set(without) - {str(m["metadata"]["name"]) for m in manifests}
+    if unknown:
+        raise CrdInstallError(f"not CRDs of {release or default_release()}: {sorted(unknown)}")
+    manifests = [m for m in manifests if m["metadata"]["name"] not in without]
     api = client.CustomObjectsApi(api_client)
     for manifest in manifests:
         _create_or_update(api, manifest)

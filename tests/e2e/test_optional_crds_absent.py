@@ -3,17 +3,15 @@ crash-looped without the InferenceObjective CRD, and looks for the kinds only at
 
 The EPP-agnostic scenario (`harness.scenarios.conformance.test_optional_kinds`) takes the kinds away
 by RBAC on the shared plane, whose CRDs every other test uses. Here the plane is this test's own, so
-the InferenceObjective and InferenceModelRewrite CRDs can be deleted before our EPP starts (a 404 on
-the list, not a 403): it must serve, warn once per kind, and honour an objective and a rewrite once
-the CRDs are installed, with no restart. v1 only: v1alpha2's InferenceModel is required, not optional.
+the InferenceObjective and InferenceModelRewrite CRDs are not installed before our EPP starts (a 404
+on the list, not a 403): it must serve, warn once per kind, and honour an objective and a rewrite
+once the CRDs are installed, with no restart. v1 only: v1alpha2's InferenceModel is required, not optional.
 """
 
 from __future__ import annotations
 
 import httpx2
 import pytest
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from harness.base.eventually import eventually
 from harness.beds.stack import BASE_MODEL, Stack, StackOptions
@@ -35,25 +33,6 @@ def optional_crd_names() -> list[str]:
     return [f"{plural}.{MODEL_KINDS_GROUP}" for plural in V1.model_plurals]
 
 
-def delete_crds(api: client.ApiClient, names: list[str]) -> None:
-    """Delete the CRDs and wait until the API server no longer has them."""
-    extensions = client.ApiextensionsV1Api(api)
-    for name in names:
-        extensions.delete_custom_resource_definition(name)
-
-    def gone() -> None:
-        for name in names:
-            try:
-                extensions.read_custom_resource_definition(name)
-            except ApiException as exc:
-                if exc.status == 404:
-                    continue
-                raise
-            raise AssertionError(f"CRD {name} still exists")
-
-    eventually(gone, timeout=30.0, message="the optional CRDs are deleted")
-
-
 def absent_warnings(stack: Stack) -> list[str]:
     assert stack.epp_process is not None
     return [line for line in stack.epp_process.log_tail(2000).splitlines() if ABSENT_WARNING in line]
@@ -70,9 +49,9 @@ def test_without_the_optional_crds_the_epp_serves_warns_once_and_honours_them_on
     pytestconfig: pytest.Config,
 ) -> None:
     release = pytestconfig.getoption("crd_release") or releases.default_release()
-    with ControlPlane(crd_release=release) as plane:
+    with ControlPlane(crd_release=release, install_crds=False) as plane:
         with plane.access.api_client() as api:
-            delete_crds(api, optional_crd_names())
+            crds.install_crds(api, release=release, without=optional_crd_names())
         options = StackOptions(NAMESPACE, pods=2, models=(), probe_model=BASE_MODEL)
         with Stack(plane.access, options) as stack:
             assert stack.cluster is not None

@@ -70,3 +70,12 @@ def test_a_release_without_manifests_is_an_error_and_caches_nothing(
     with pytest.raises(crds.CrdInstallError, match="has no config/crd/bases"):
         crds.manifest_paths("v1.3.0")
     assert not (tmp_path / "cache/crds/gateway-api-inference-extension/v1.3.0").exists()
+
+
+def test_leaving_out_a_crd_the_release_does_not_have_is_an_error_before_any_request(
+    fake_module: list[str],
+) -> None:
+    """A misspelt name in ``without`` would install everything and hide the typo: it is refused."""
+    no_server: Any = None  # the check comes before the first request
+    with pytest.raises(crds.CrdInstallError, match=r"not CRDs of v0.3.0: \['gadgets.example.com'\]"):
+        crds.install_crds(no_server, without=["widgets.example.com", "gadgets.example.com"])
