@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 PROMPT_HEAD_CHARS: Final = 64 * 1024
-"""How much of the prompt text is kept; more than any prefix-block setting reads (128 blocks of 64 chars)."""
+"""How much of the prompt text is kept; more than the default prefix-block setting reads (256 blocks of
+64 chars, 16 KiB)."""
 
 
 def prompt_head(prompt: Any, messages: Any, limit: int = PROMPT_HEAD_CHARS) -> str:

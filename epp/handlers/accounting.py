@@ -16,6 +16,15 @@ EPP is sent response bodies (v1's FULL_DUPLEX_STREAMED), the first chunk — ``f
 request's prefill on its pod. Where it is not (Envoy's protocol_config says response body NONE, or
 says nothing), no prefill is counted for the request at all, only its prompt as context: one counted
 until the stream ends would make a pod look busy for the whole of every decode.
+
+When a prefix is cached. A model server reuses a prompt's blocks only once a step has computed them
+(vLLM's prefix cache holds computed blocks), so where the first byte is reported the prompt's block
+hashes join the pod's prefix index then, not when the request is routed: a follow-up sent while its
+predecessor is still being prefilled would find nothing cached on that pod, and counting it as cached
+sent it there to prefill its whole prompt behind the other (measured in virtual time, prefix-heavy at
+64 engines: the slowest tenth of the turns sent back to their history's pod found 26% of the prompt
+cached where the index promised 92%; README "Virtual time"). Where it is not reported, routing is the
+only moment there is, as upstream records it.
 """
 
 from __future__ import annotations
@@ -61,12 +70,14 @@ class Dispatch:
     """One routed request still counted in flight; handed back to `finished` exactly once.
 
     ``prompt_tokens`` is its prompt's estimated size; ``prefilled`` is set at the first response byte
-    (`first_byte`): until then the pod counts the prompt as still to prefill."""
+    (`first_byte`): until then the pod counts the prompt as still to prefill. ``hashes``: the prompt's
+    block hashes, recorded on the pod by `first_byte` (empty once recorded, or when routing did)."""
 
     pod: EndpointKey
     target_model: str
     prompt_tokens: int = 0
     prefilled: bool = False
+    hashes: Sequence[int] = ()
 
 
 NO_PREFIX = PrefixQuery()
@@ -122,22 +133,29 @@ class Accounting:
     ) -> Dispatch | None:
         """`prompt_tokens`: the prompt's size (`prompt_token_estimate`), prefilling until `first_byte`
         when the response body will reach the EPP (`first_byte_reported`); otherwise counted as
-        context only: a prefill nobody will report done would weigh on its pod to the very end."""
+        context only: a prefill nobody will report done would weigh on its pod to the very end. The
+        prompt's prefix joins the pod's index at `first_byte` when it is reported, else now (module
+        docstring)."""
         memory = self._memory
         if memory is None:
             return None
         key = pod.pod.key
-        memory.prefix_record(key, query.hashes)
+        if not first_byte_reported:
+            memory.prefix_record(key, query.hashes)
         if not memory.pod_dispatch_started(key, target_model, prompt_tokens, first_byte_reported):
             return None  # the pod left between the snapshot and now: nothing to count down later
-        return Dispatch(key, target_model, prompt_tokens, prefilled=not first_byte_reported)
+        if not first_byte_reported:
+            return Dispatch(key, target_model, prompt_tokens, prefilled=True)
+        return Dispatch(key, target_model, prompt_tokens, hashes=query.hashes)
 
     def first_byte(self, dispatch: Dispatch) -> Dispatch:
-        """The first response byte came back: the engine has prefilled the prompt. The dispatch to
-        hand to `finished` from now on."""
+        """The first response byte came back: the engine has prefilled the prompt, whose blocks it now
+        holds. The dispatch to hand to `finished` from now on."""
         if dispatch.prefilled or self._memory is None:
             return dispatch
         self._memory.pod_prefill_done(dispatch.pod, dispatch.prompt_tokens, self.clock())
+        if dispatch.hashes:
+            self._memory.prefix_record(dispatch.pod, dispatch.hashes)
         return Dispatch(dispatch.pod, dispatch.target_model, dispatch.prompt_tokens, prefilled=True)
 
     def finished(self, dispatch: Dispatch) -> None:
@@ -158,7 +176,8 @@ class Accounting:
         """A fallback served the request ``dispatch`` counted on its pick: move it to ``pod``.
 
         The in-flight count goes with the request, and the prompt's prefix is remembered on the pod
-        that really holds it now (the pick's entry stays: the index forgets by age, not by request).
+        that really holds it now (where routing recorded it on the pick, that entry stays: the index
+        forgets by age, not by request; where the first byte records it, the pick never gets one).
         ``prompt_tokens`` and ``first_byte_reported`` are what `routed` was given for the pick, used
         when the pick had left before it was counted (``dispatch`` None), so the fallback still
         carries the prompt's size.

@@ -10,7 +10,7 @@ seeds the chain: a model server caches prefixes per adapter. Only full blocks co
 from __future__ import annotations
 
 DEFAULT_BLOCK_CHARS = 64
-DEFAULT_MAX_BLOCKS = 128
+DEFAULT_MAX_BLOCKS = 256  # upstream's maxPrefixBlocksToMatch: 4,096 tokens of 16
 
 
 def block_hashes(

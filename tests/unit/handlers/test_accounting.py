@@ -193,6 +193,39 @@ def test_a_prefix_aware_epp_remembers_where_a_prompt_went_and_tells_the_schedule
     }
 
 
+def holders(e: Env) -> set[str]:
+    """The pods the prefix index says hold LONG_PROMPT's blocks."""
+    found = e.datastore.prefix_matches(block_hashes(LONG_PROMPT, "food-review-lora"))
+    return {key.name for key, blocks in found.items() if blocks}
+
+
+@pytest.mark.parametrize("fallback_served", [False, True], ids=["the-pick", "a-fallback"])
+def test_where_the_first_byte_is_reported_a_prefix_is_cached_from_it_on(fallback_served: bool) -> None:
+    """vLLM reuses only computed blocks: until the first response chunk the prompt is being
+    prefilled and a follow-up sent to the same pod would find nothing cached, so the index learns
+    the prefix then, on the pod that served (a pick a fallback replaced never holds it)."""
+    e = env(prefix_aware=True)
+    e.fallbacks = 1
+    e.scheduler.pick = "pod-1"
+
+    async def scenario() -> None:
+        async with serving(e.servicer()) as channel:
+            call = await routed(channel, FULL_DUPLEX)
+            if fallback_served:
+                await call.write(served_report("10.0.0.2:8000"))
+                await call.read()
+            assert holders(e) == set()
+            await call.write(body(b'data: {"choices": []}\n\n', eos=False, response=True))
+            await call.read()
+            assert holders(e) == {"pod-2" if fallback_served else "pod-1"}
+            await call.write(body(b"data: [DONE]\n\n", response=True))
+            await call.read()
+            await call.done_writing()
+            await released(e, "pod-2" if fallback_served else "pod-1")
+
+    asyncio.run(scenario())
+
+
 def test_prompts_are_hashed_with_the_configured_block_size_and_limit() -> None:
     """The scheduler's block size and block limit (the prefix scorer's settings) reach the hashing:
     16-character blocks, at most 5, where the defaults would give 4 blocks of 64."""

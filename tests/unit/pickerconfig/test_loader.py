@@ -206,8 +206,8 @@ def test_utilization_detector_thresholds() -> None:
 @pytest.mark.parametrize(
     ("params", "chars", "blocks", "capacity"),
     [
-        pytest.param({"blockSizeTokens": 32}, 128, 128, 32768, id="tokens"),
-        pytest.param({"blockSize": 100}, 100, 128, 32768, id="legacy-chars"),
+        pytest.param({"blockSizeTokens": 32}, 128, 256, 32768, id="tokens"),
+        pytest.param({"blockSize": 100}, 100, 256, 32768, id="legacy-chars"),
         pytest.param({"maxPrefixBlocksToMatch": 16, "lruCapacityPerServer": 10}, 64, 16, 10, id="limits"),
         pytest.param(
             {"blockSizeTokens": 16, "maxPrefixTokensToMatch": 1024}, 64, 64, 32768, id="token-limit"
