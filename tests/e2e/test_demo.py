@@ -63,9 +63,14 @@ def test_demo_prints_the_report_exits_0_and_leaves_nothing_running() -> None:
     assert header.split()[2:] == ["vllm-pool-0", "vllm-pool-1", "vllm-pool-2", "vllm-pool-3", "total"]
     sims_total = re.search(r"^total\s.*\s(\d+)$", out, re.MULTILINE)
     envoy_total = re.search(r"^Envoy access log\s.*\s(\d+)$", out, re.MULTILINE)
+    cancelled = re.search(r"of which (\d+) cancelled by the client before the pod answered", out)
     assert sims_total is not None, output
     assert envoy_total is not None, output
-    assert sims_total.group(1) == envoy_total.group(1), output
+    assert cancelled is not None, output
+    # Equal, but for background requests cancelled while still on their way to a pod (CI, 7 Dec
+    # 2026: Envoy 195, the simulators 194): never more than those cancelled before an answer.
+    missing = int(envoy_total.group(1)) - int(sims_total.group(1))
+    assert 0 <= missing <= int(cancelled.group(1)), output
 
     # Saturation is real load: when the phase began, the EPP had scraped every pod past a shedding
     # threshold (more than 5 waiting or KV above 80%) caused by the background requests.

@@ -79,6 +79,11 @@ class Report:
     served: dict[str, dict[str, int]]  # pod -> target model -> requests the simulator accepted
     envoy_by_pod: dict[str, int]  # pod -> requests Envoy sent upstream (access log)
     envoy_entries: int
+    # Of those sent upstream, the ones the client cancelled before the pod answered (no response
+    # code): the background load ended at the end of the saturated phase. One cancelled while its
+    # bytes were still on the way was never accepted by the pod, so the simulators' total may be
+    # short of Envoy's by at most this many.
+    envoy_cancelled: int
     metrics: EppMetrics
     metrics_url: str
     criticality: dict[str, str]
@@ -110,8 +115,10 @@ class Report:
         envoy = [self.envoy_by_pod.get(n, 0) for n in names]
         rows.append(["Envoy access log", *map(str, envoy), str(sum(envoy))])
         caption = (
-            f"(Envoy logged {self.envoy_entries} requests: {sum(envoy)} sent to a pod,"
-            f" {self.envoy_entries - sum(envoy)} never reached one (shed or rejected by the EPP))"
+            f"(Envoy logged {self.envoy_entries} requests: {sum(envoy)} sent to a pod, of which"
+            f" {self.envoy_cancelled} cancelled by the client before the pod answered (the background"
+            f" load at the end); {self.envoy_entries - sum(envoy)} never reached one (shed or rejected"
+            " by the EPP))"
         )
         return table_text(
             "Requests per pod and target model (counted by the simulators)", columns, rows, caption
@@ -241,12 +248,16 @@ def collect(env: DemoEnvironment, results: PhaseResults, background_model: str) 
         entries = envoy.access_log()
     envoy_by_pod = collections.Counter(by_address.get(str(e.get("upstream_host")), "?") for e in entries)
     envoy_by_pod.pop("?", None)
+    cancelled = sum(
+        1 for e in entries if str(e.get("upstream_host")) in by_address and str(e.get("status")) == "0"
+    )
     return Report(
         results=results,
         pods=pods,
         served=served,
         envoy_by_pod=dict(envoy_by_pod),
         envoy_entries=len(entries),
+        envoy_cancelled=cancelled,
         metrics=parse_epp_metrics(stack.epp_metrics_text()),
         metrics_url=f"{stack.epp_metrics_url}/metrics",
         criticality={m.model_name: m.criticality or "Standard" for m in env.models},
