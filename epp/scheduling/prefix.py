@@ -9,16 +9,15 @@ seeds the chain: a model server caches prefixes per adapter. Only full blocks co
 
 from __future__ import annotations
 
-DEFAULT_BLOCK_CHARS = 64
-DEFAULT_MAX_BLOCKS = 256  # upstream's maxPrefixBlocksToMatch: 4,096 tokens of 16
+from epp.config import DEFAULT_PREFIX_BLOCK_CHARS, DEFAULT_PREFIX_MAX_BLOCKS
 
 
 def block_hashes(
     text: str,
     target_model: str,
     *,
-    block_chars: int = DEFAULT_BLOCK_CHARS,
-    max_blocks: int = DEFAULT_MAX_BLOCKS,
+    block_chars: int = DEFAULT_PREFIX_BLOCK_CHARS,
+    max_blocks: int = DEFAULT_PREFIX_MAX_BLOCKS,
 ) -> tuple[int, ...]:
     """Chained hashes of the full blocks of ``text`` (stable within one process)."""
     if block_chars <= 0 or max_blocks <= 0:

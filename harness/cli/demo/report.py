@@ -246,11 +246,9 @@ def collect(env: DemoEnvironment, results: PhaseResults, background_model: str) 
         entries = eventually(flushed, timeout=ACCESS_LOG_TIMEOUT_S, message="Envoy flushed its access log")
     except AssertionError:
         entries = envoy.access_log()
-    envoy_by_pod = collections.Counter(by_address.get(str(e.get("upstream_host")), "?") for e in entries)
-    envoy_by_pod.pop("?", None)
-    cancelled = sum(
-        1 for e in entries if str(e.get("upstream_host")) in by_address and str(e.get("status")) == "0"
-    )
+    sent = [e for e in entries if str(e.get("upstream_host")) in by_address]
+    envoy_by_pod = collections.Counter(by_address[str(e.get("upstream_host"))] for e in sent)
+    cancelled = sum(1 for e in sent if str(e.get("status")) == "0")
     return Report(
         results=results,
         pods=pods,
