@@ -18,6 +18,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -353,19 +354,23 @@ class SimMetrics:
             "Histogram of time spent in DECODE phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
-        # vLLM creates every labelled child up front, so the page is full-size before traffic.
+        # vLLM creates every labelled child up front, so the page is full-size before traffic. They
+        # are kept: a finished request then costs no label look-up (each takes a lock, builds a key).
         child = (config.model, ENGINE_LABEL)
-        for metric in (
-            self.prompt_tokens, self.generation_tokens, self.iteration_tokens, self.request_prompt_tokens,
-            self.request_generation_tokens, self.request_max_num_generation_tokens, self.request_params_n,
-            self.request_params_max_tokens, self.time_to_first_token, self.time_per_output_token,
-            self.inter_token_latency, self.request_time_per_output_token, self.e2e_request_latency,
-            self.request_queue_time, self.request_inference_time, self.request_prefill_time,
-            self.request_decode_time,
-        ):  # fmt: skip
-            metric.labels(*child)
-        for reason in ("stop", "length", "abort"):
-            self.request_success.labels(*child, reason)
+        self._series: dict[Counter | Histogram, Any] = {
+            metric: metric.labels(*child)
+            for metric in (
+                self.prompt_tokens, self.generation_tokens, self.iteration_tokens, self.request_prompt_tokens,
+                self.request_generation_tokens, self.request_max_num_generation_tokens, self.request_params_n,
+                self.request_params_max_tokens, self.time_to_first_token, self.time_per_output_token,
+                self.inter_token_latency, self.request_time_per_output_token, self.e2e_request_latency,
+                self.request_queue_time, self.request_inference_time, self.request_prefill_time,
+                self.request_decode_time,
+            )
+        }  # fmt: skip
+        self._successes = {
+            reason: self.request_success.labels(*child, reason) for reason in ("stop", "length", "abort")
+        }
 
     def render(self) -> bytes:
         now = time.monotonic()
@@ -391,29 +396,30 @@ class SimMetrics:
     def observe_finished(
         self, *, prompt_tokens: int, generated: int, max_tokens: int, timings: Timings, reason: str
     ) -> None:
-        child = (self.config.model, ENGINE_LABEL)
+        series = self._series
         self._observed_dirty = True
-        self.request_success.labels(*child, reason).inc()
-        self.prompt_tokens.labels(*child).inc(prompt_tokens)
-        self.generation_tokens.labels(*child).inc(generated)
+        self._successes[reason].inc()
+        series[self.prompt_tokens].inc(prompt_tokens)
+        series[self.generation_tokens].inc(generated)
         if reason == "abort":  # latencies of aborted requests would only blur the histograms
             return
         # The simulator has no engine steps; the prefill step is the one it can report honestly.
-        self.iteration_tokens.labels(*child).observe(prompt_tokens)
-        self.request_prompt_tokens.labels(*child).observe(prompt_tokens)
-        self.request_generation_tokens.labels(*child).observe(generated)
-        self.request_max_num_generation_tokens.labels(*child).observe(max_tokens)
-        self.request_params_n.labels(*child).observe(1)
-        self.request_params_max_tokens.labels(*child).observe(max_tokens)
+        series[self.iteration_tokens].observe(prompt_tokens)
+        series[self.request_prompt_tokens].observe(prompt_tokens)
+        series[self.request_generation_tokens].observe(generated)
+        series[self.request_max_num_generation_tokens].observe(max_tokens)
+        series[self.request_params_n].observe(1)
+        series[self.request_params_max_tokens].observe(max_tokens)
         if generated > 0:
-            self.time_to_first_token.labels(*child).observe(timings.ttft_s)
+            series[self.time_to_first_token].observe(timings.ttft_s)
+        tpot, itl_series = series[self.time_per_output_token], series[self.inter_token_latency]
         for itl in timings.inter_token_s:
-            self.time_per_output_token.labels(*child).observe(itl)
-            self.inter_token_latency.labels(*child).observe(itl)
+            tpot.observe(itl)
+            itl_series.observe(itl)
         if generated > 1:
-            self.request_time_per_output_token.labels(*child).observe(timings.decode_s / (generated - 1))
-        self.e2e_request_latency.labels(*child).observe(timings.e2e_s)
-        self.request_queue_time.labels(*child).observe(timings.queue_s)
-        self.request_inference_time.labels(*child).observe(timings.prefill_s + timings.decode_s)
-        self.request_prefill_time.labels(*child).observe(timings.prefill_s)
-        self.request_decode_time.labels(*child).observe(timings.decode_s)
+            series[self.request_time_per_output_token].observe(timings.decode_s / (generated - 1))
+        series[self.e2e_request_latency].observe(timings.e2e_s)
+        series[self.request_queue_time].observe(timings.queue_s)
+        series[self.request_inference_time].observe(timings.prefill_s + timings.decode_s)
+        series[self.request_prefill_time].observe(timings.prefill_s)
+        series[self.request_decode_time].observe(timings.decode_s)

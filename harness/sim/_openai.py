@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
+import random
 import time
-import uuid
 import zlib
 from typing import Any, Literal
 
@@ -168,7 +170,9 @@ class ResponseIds:
     @staticmethod
     def new(kind: Kind, model: str) -> ResponseIds:
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
-        return ResponseIds(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=model)
+        # 32 random hex digits, as vLLM's uuid4().hex (not a secret: the cheaper generator will do).
+        token = f"{random.getrandbits(128):032x}"
+        return ResponseIds(id=f"{prefix}-{token}", created=int(time.time()), model=model)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -226,6 +230,48 @@ def chunk(kind: Kind, ids: ResponseIds, text: str | None, finish_reason: str | N
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     return {"id": ids.id, "object": obj, "created": ids.created, "model": ids.model, "choices": [choice]}
+
+
+class TokenEvents:
+    """One streamed response's token chunks as SSE events, the bytes `sse_event(chunk(...))` gives.
+
+    Every chunk of a response repeats its id, object, creation time and model: those parts are
+    encoded once per response, and each token's text once per process, so a streamed token costs a
+    few byte joins instead of a JSON encoding of the whole chunk (a third of the simulator's CPU per
+    token went there).
+    """
+
+    __slots__ = ("_after_text", "_before_text", "_end")
+
+    def __init__(self, kind: Kind, ids: ResponseIds) -> None:
+        obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
+        head = _compact({"id": ids.id, "object": obj, "created": ids.created, "model": ids.model})[:-1]
+        if kind == "completion":
+            self._before_text = b"data: " + head + b',"choices":[{"index":0,"text":'
+            self._after_text = b',"logprobs":null,"finish_reason":'
+            self._end = b',"stop_reason":null}]}\n\n'
+        else:
+            self._before_text = b"data: " + head + b',"choices":[{"index":0,"delta":{"content":'
+            self._after_text = b'},"logprobs":null,"finish_reason":'
+            self._end = b"}]}\n\n"
+
+    def token(self, text: str, finish_reason: str | None) -> bytes:
+        reason = b"null" if finish_reason is None else _json_string(finish_reason)
+        return self._before_text + _json_string(text) + self._after_text + reason + self._end
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """A JSON payload as one server-sent event, compact as vLLM sends it."""
+    return b"data: " + _compact(payload) + b"\n\n"
+
+
+def _compact(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_string(text: str) -> bytes:
+    return json.dumps(text).encode()
 
 
 def usage_chunk(kind: Kind, ids: ResponseIds, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

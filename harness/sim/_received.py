@@ -32,11 +32,17 @@ class ReceivedRequest:
 
 
 class ReceivedLog:
-    """Thread-safe: the simulator's loop appends, tests read from any thread."""
+    """Thread-safe: the simulator's loop appends, tests read from any thread.
+
+    Entries are kept as they came (header bytes undecoded): the decoding is left to whoever reads
+    them, so a benchmark's thousands of requests a second pay only for an append.
+    """
 
     def __init__(self, limit: int = MAX_RECORDED) -> None:
         self._lock = threading.Lock()
-        self._requests: collections.deque[ReceivedRequest] = collections.deque(maxlen=limit)
+        self._requests: collections.deque[tuple[str, str, tuple[tuple[bytes, bytes], ...], bytes, str]] = (
+            collections.deque(maxlen=limit)
+        )
 
     def record(
         self,
@@ -46,10 +52,20 @@ class ReceivedLog:
         body: bytes,
         http_version: str = "1.1",
     ) -> None:
-        headers = tuple((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw_headers)
+        entry = (method, path, tuple(raw_headers), body, http_version)
         with self._lock:
-            self._requests.append(ReceivedRequest(method, path, headers, body, http_version))
+            self._requests.append(entry)
 
     def snapshot(self) -> list[ReceivedRequest]:
         with self._lock:
-            return list(self._requests)
+            entries = list(self._requests)
+        return [
+            ReceivedRequest(
+                method,
+                path,
+                tuple((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw_headers),
+                body,
+                http_version,
+            )
+            for method, path, raw_headers, body, http_version in entries
+        ]

@@ -487,12 +487,15 @@ class ModelServerSim:
         await response.prepare(request)
         try:
             if kind == "chat":
-                await _send(response, oai.chunk(kind, ids, None, None))
+                await response.write(oai.sse_event(oai.chunk(kind, ids, None, None)))
+            events = oai.TokenEvents(kind, ids)
             while (index := await run.next_token()) is not None:
                 last = run.generated >= run.max_tokens
-                await _send(response, oai.chunk(kind, ids, oai.token_text(index), "length" if last else None))
+                await response.write(events.token(oai.token_text(index), "length" if last else None))
             if parsed.include_usage:
-                await _send(response, oai.usage_chunk(kind, ids, parsed.prompt_tokens, run.generated))
+                await response.write(
+                    oai.sse_event(oai.usage_chunk(kind, ids, parsed.prompt_tokens, run.generated))
+                )
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:  # the client went away
@@ -535,7 +538,3 @@ def _lora_name(body: object) -> str:
 
 def _error_response(err: oai.OpenAIError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
-
-
-async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await response.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
