@@ -2,9 +2,10 @@
 
 ``epp-harness/vllm-sim:<hash>``: the Debian base (``harness.cluster.container_images``) with
 
-* the simulator's dependencies (``aiohttp``, ``prometheus-client`` and what they need), installed in
-  a build stage from the wheelhouse of the EPP's build base (``harness.nodeagent.image_builds``), so
-  they are the locked versions of ``requirements/epp.txt``, offline, hashes checked when downloaded;
+* the simulator's dependencies (``aiohttp``, ``prometheus-client``, ``uvloop`` and what they need),
+  installed in a build stage from the wheelhouse of the EPP's build base
+  (``harness.nodeagent.image_builds``), so they are the locked versions of ``requirements/epp.txt``,
+  offline, hashes checked when downloaded;
 * the simulator's source only: ``harness/__init__.py``, ``harness/base/`` (its ``StartStop``) and
   ``harness/sim/`` (nothing else of the harness), on ``PYTHONPATH``;
 * ``ENTRYPOINT ["python3", "-m", "harness.sim"]`` as the unprivileged user 65532: a pod's ``args``
@@ -39,7 +40,7 @@ from harness.nodeagent.image_builds import EppImageBuild, copy_into
 
 SIM_IMAGE_REPOSITORY: Final = "epp-harness/vllm-sim"
 SIM_SOURCES: Final = ("harness/__init__.py", "harness/base", "harness/sim")
-SIM_REQUIREMENTS: Final = ("aiohttp", "prometheus-client")
+SIM_REQUIREMENTS: Final = ("aiohttp", "prometheus-client", "uvloop")
 SIM_USER: Final = "65532:65532"
 _BUILD_TIMEOUT_S: Final = 900.0
 _RECIPE: Final = """\
