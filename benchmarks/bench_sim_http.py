@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import load_h2load  # beside this file
+from bench_e2e_latency import cpu_seconds  # beside this file
 
 from harness.base.addresses import AddressPool
 
@@ -46,7 +46,6 @@ STREAMED = {
     "stream": True,
     "stream_options": {"include_usage": True},
 }
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -55,11 +54,6 @@ class Load:
     path: str
     body: dict[str, object]
     tokens: int  # streamed tokens per request (0: not streamed)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def start_simulator(host: str, tree: Path | None) -> subprocess.Popen[bytes]:
